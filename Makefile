@@ -1,0 +1,35 @@
+# Streams services: build, test and demo on a local Kafka + schema registry.
+# `make help` lists the targets.
+
+# Build cache outside the checkout, so fresh clones (and CI) build warm.
+export CARGO_TARGET_DIR ?= /var/tmp/streams-target
+CARGO ?= cargo
+
+include deploy/local/stack.mk
+
+.PHONY: help deps build test test-unit lint demo bench
+
+help: ## list targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
+
+deps: ## install the Debian packages the build needs (cmake, libclang, ...)
+	@bash deploy/local/build-deps.sh
+
+build: deps ## build every binary (debug)
+	$(CARGO) build --workspace --bins
+
+test: build up ## all tests: unit + end-to-end against the local stack (started if needed)
+	$(CARGO) test --workspace --no-fail-fast
+
+test-unit: deps ## unit tests only (no stack needed)
+	$(CARGO) test --workspace --lib --bins
+
+lint: ## rustfmt check and clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+demo: build up ## run every service on the seed data and show the results
+	@bash deploy/local/demo.sh
+
+bench: ## throughput benchmarks
+	@echo "make bench: not available yet (see the issue tracker)"

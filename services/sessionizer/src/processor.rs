@@ -1,0 +1,98 @@
+//! The session processor: one open session and one inactivity timer per user.
+
+use serde::{Deserialize, Serialize};
+use streams_runtime::{Context, InputStream, Processor, Record, Timer, Topology, ValueState};
+
+use crate::model::{UserEvent, UserSession};
+use crate::settings::Settings;
+
+/// A user's open session.
+#[derive(Debug, Serialize, Deserialize)]
+struct Session {
+    /// Smallest event time among the session's events.
+    start: i64,
+    /// Largest event time among the session's events.
+    latest: i64,
+    /// Event types in arrival order.
+    events: Vec<String>,
+}
+
+const SESSIONS: ValueState<Session> = ValueState::new("sessions");
+const INACTIVITY: &str = "inactivity";
+
+const COMPLETED: &str = "COMPLETED";
+const TIMEOUT: &str = "TIMEOUT";
+
+/// Builds the topology: user events in, sessions out.
+pub fn topology(settings: &Settings) -> anyhow::Result<Topology<UserEvent>> {
+    Ok(Topology::new("sessionizer", &settings.output_topic, topic_schemas::USER_SESSIONS)
+        .input(InputStream::new(
+            &settings.input_topic,
+            topic_schemas::USER_EVENTS,
+            |e: &UserEvent| e.event_time,
+            |e| e,
+        )?)
+        .store(SESSIONS.name())
+        .max_out_of_orderness(settings.max_out_of_orderness))
+}
+
+#[derive(Debug, Clone)]
+pub struct Sessionizer {
+    timeout: i64,
+}
+
+impl Sessionizer {
+    pub fn new(settings: &Settings) -> Self {
+        Sessionizer {
+            timeout: settings.session_timeout.as_millis_i64(),
+        }
+    }
+
+    fn end(ctx: &mut Context<'_, UserSession>, user: &str, session: Session, status: &'static str, end: i64) -> anyhow::Result<()> {
+        ctx.delete(&SESSIONS, user);
+        ctx.clear_timer(user, INACTIVITY);
+        let summary = UserSession {
+            user_id: user.to_string(),
+            status,
+            duration_millis: end - session.start,
+            event_count: session.events.len() as i32,
+            event_sequence: session.events.join(" > "),
+            session_start: session.start,
+            session_end: end,
+        };
+        ctx.emit(Some(user), &summary)
+    }
+}
+
+impl Processor for Sessionizer {
+    type Input = UserEvent;
+    type Output = UserSession;
+
+    fn process(&mut self, ctx: &mut Context<'_, UserSession>, record: Record<'_, UserEvent>) -> anyhow::Result<()> {
+        let event = record.value;
+        let time = record.event_time;
+        let mut session = ctx.get(&SESSIONS, &event.user_id)?.unwrap_or(Session {
+            start: time,
+            latest: time,
+            events: Vec::new(),
+        });
+        session.start = session.start.min(time);
+        session.latest = session.latest.max(time);
+        let is_logout = event.event_type == "LOGOUT";
+        session.events.push(event.event_type);
+        if is_logout {
+            ctx.increment("sessions_completed");
+            return Self::end(ctx, &event.user_id, session, COMPLETED, time);
+        }
+        ctx.set_timer(&event.user_id, INACTIVITY, session.latest.saturating_add(self.timeout));
+        ctx.put(&SESSIONS, &event.user_id, &session)
+    }
+
+    fn on_timer(&mut self, ctx: &mut Context<'_, UserSession>, timer: Timer<'_>) -> anyhow::Result<()> {
+        if let Some(session) = ctx.get(&SESSIONS, timer.key)? {
+            ctx.increment("sessions_timed_out");
+            Self::end(ctx, timer.key, session, TIMEOUT, timer.time)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,362 @@
+//! Avro values in the Confluent wire format, through a schema registry.
+//!
+//! Wire format: magic byte `0`, a 4-byte big-endian schema id, then the Avro
+//! binary datum. Writer schemas are fetched by id from the registry once and
+//! cached for the life of the process (a registry round trip per record is the
+//! classic mistake). Each decoder keeps one prepared reader per writer schema id:
+//!
+//! * when the writer schema *is* the reader schema, records deserialize straight
+//!   into the target struct with no intermediate `Value` tree;
+//! * otherwise the datum is read with Avro schema resolution into the service's
+//!   reader schema (schema evolution), then converted.
+//!
+//! Registry HTTP goes through `schema_registry_converter`'s async client; the
+//! processing thread is not a tokio worker, so it blocks on the runtime handle
+//! only on a cache miss.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::Schema;
+use schema_registry_converter::async_impl::schema_registry::{
+    get_schema_by_id, post_schema, SrSettings,
+};
+use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Length of the wire-format header: magic byte and schema id.
+pub const WIRE_HEADER_LEN: usize = 5;
+
+/// Why a record could not be decoded. Its [`kind`](DecodeError::kind) is the
+/// stable label used in dead-letter headers and metrics.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DecodeError {
+    #[error("value is not in the Confluent wire format: {0}")]
+    NotWireFormat(String),
+    #[error("schema id {0} is unknown to the schema registry")]
+    UnknownSchemaId(u32),
+    #[error("schema id {id} cannot be read into the reader schema: {message}")]
+    IncompatibleSchema { id: u32, message: String },
+    #[error("Avro decoding failed: {0}")]
+    Avro(String),
+}
+
+impl DecodeError {
+    /// A short, bounded label for headers and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DecodeError::NotWireFormat(_) => "not_wire_format",
+            DecodeError::UnknownSchemaId(_) => "unknown_schema_id",
+            DecodeError::IncompatibleSchema { .. } => "incompatible_schema",
+            DecodeError::Avro(_) => "avro",
+        }
+    }
+}
+
+/// Splits a wire-format value into its schema id and Avro datum.
+pub fn split_wire_format(bytes: &[u8]) -> Result<(u32, &[u8]), DecodeError> {
+    match bytes {
+        [] => Err(DecodeError::NotWireFormat("empty or null value".into())),
+        [0, a, b, c, d, datum @ ..] => Ok((u32::from_be_bytes([*a, *b, *c, *d]), datum)),
+        [0, ..] => Err(DecodeError::NotWireFormat(format!(
+            "only {} bytes, shorter than the 5-byte header",
+            bytes.len()
+        ))),
+        [magic, ..] => Err(DecodeError::NotWireFormat(format!(
+            "magic byte is {magic}, expected 0"
+        ))),
+    }
+}
+
+/// Parses an Avro schema (`.avsc` JSON) and keeps it for the life of the process.
+///
+/// Prepared readers and writers borrow their schemas; schemas are few (one per
+/// topic and writer version), so leaking them is cheaper and simpler than
+/// self-referential caches.
+pub fn leak_schema(json: &str) -> anyhow::Result<&'static Schema> {
+    let schema = Schema::parse_str(json)
+        .map_err(|e| anyhow::anyhow!("invalid Avro schema: {e}"))?;
+    Ok(Box::leak(Box::new(schema)))
+}
+
+/// A schema registry client with a process-wide cache of writer schemas.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<RegistryInner>,
+}
+
+struct RegistryInner {
+    url: String,
+    settings: SrSettings,
+    runtime: tokio::runtime::Handle,
+    schemas_by_id: Mutex<HashMap<u32, &'static Schema>>,
+}
+
+/// A registry call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The registry answered that there is no such schema.
+    #[error("not found in the schema registry: {0}")]
+    NotFound(String),
+    /// The registry rejected the request (e.g. an incompatible schema change).
+    #[error("{0}")]
+    Rejected(String),
+    /// The registry could not be reached or failed; worth retrying.
+    #[error("schema registry at {url} is unavailable: {message}")]
+    Unavailable { url: String, message: String },
+}
+
+impl Registry {
+    /// A client for the registry at `url`. Blocking calls run on `runtime`.
+    pub fn new(url: &str, runtime: tokio::runtime::Handle) -> anyhow::Result<Registry> {
+        let settings = SrSettings::new_builder(url.trim_end_matches('/').to_string())
+            .set_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| anyhow::anyhow!("schema registry client for {url}: {e}"))?;
+        Ok(Registry {
+            inner: Arc::new(RegistryInner {
+                url: url.to_string(),
+                settings,
+                runtime,
+                schemas_by_id: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The registry URL.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    fn classify(&self, error: schema_registry_converter::error::SRCError) -> RegistryError {
+        let text = match &error.cause {
+            Some(cause) => format!("{}: {cause}", error.error),
+            None => error.error.clone(),
+        };
+        if text.contains("404") {
+            RegistryError::NotFound(text)
+        } else if text.contains("status 4") {
+            RegistryError::Rejected(text)
+        } else {
+            RegistryError::Unavailable {
+                url: self.inner.url.clone(),
+                message: text,
+            }
+        }
+    }
+
+    /// The writer schema registered under `id`, from the cache when possible.
+    ///
+    /// Blocks the calling thread on a cache miss; must not be called from
+    /// inside the tokio runtime.
+    pub fn schema_by_id(&self, id: u32) -> Result<&'static Schema, RegistryError> {
+        if let Some(schema) = self.inner.schemas_by_id.lock().unwrap().get(&id) {
+            return Ok(schema);
+        }
+        let registered = self
+            .inner
+            .runtime
+            .block_on(get_schema_by_id(id, &self.inner.settings))
+            .map_err(|e| self.classify(e))?;
+        let schema = leak_schema(&registered.schema)
+            .map_err(|e| RegistryError::Rejected(format!("schema id {id}: {e}")))?;
+        self.inner
+            .schemas_by_id
+            .lock()
+            .unwrap()
+            .insert(id, schema);
+        Ok(schema)
+    }
+
+    /// Registers `schema_json` under `subject` (or finds it already there) and
+    /// returns its id. An incompatible change is [`RegistryError::Rejected`].
+    pub fn register(&self, subject: &str, schema_json: &str) -> Result<u32, RegistryError> {
+        let supplied = SuppliedSchema::new(None, SchemaType::Avro, schema_json.to_string());
+        let registered = self
+            .inner
+            .runtime
+            .block_on(post_schema(
+                &self.inner.settings,
+                subject.to_string(),
+                supplied,
+            ))
+            .map_err(|e| self.classify(e))?;
+        Ok(registered.id)
+    }
+
+    /// Fetches a writer schema, retrying while the registry is unavailable.
+    /// Only a definite answer (found, or not found) ends the wait.
+    pub fn schema_by_id_retrying(
+        &self,
+        id: u32,
+        shutdown: &dyn Fn() -> bool,
+    ) -> Result<&'static Schema, DecodeError> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.schema_by_id(id) {
+                Ok(schema) => return Ok(schema),
+                Err(RegistryError::NotFound(_)) => return Err(DecodeError::UnknownSchemaId(id)),
+                Err(RegistryError::Rejected(message)) => {
+                    return Err(DecodeError::IncompatibleSchema { id, message })
+                }
+                Err(unavailable @ RegistryError::Unavailable { .. }) => {
+                    if shutdown() {
+                        return Err(DecodeError::Avro(unavailable.to_string()));
+                    }
+                    tracing::warn!(error = %unavailable, schema_id = id, "retrying schema lookup");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+/// How records written with one writer schema are read.
+enum ReadPlan {
+    /// Writer schema equals the reader schema: deserialize directly.
+    Direct(GenericDatumReader<'static>),
+    /// Resolve the writer's datum into the reader schema first.
+    Resolving(GenericDatumReader<'static>),
+}
+
+/// Decodes wire-format values into `T`, resolving any writer schema into
+/// `reader_schema`.
+pub struct AvroDecoder<T> {
+    reader_schema: &'static Schema,
+    reader_canonical: String,
+    plans: HashMap<u32, ReadPlan>,
+    _target: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> AvroDecoder<T> {
+    /// A decoder into `reader_schema`.
+    pub fn new(reader_schema: &'static Schema) -> Self {
+        AvroDecoder {
+            reader_schema,
+            reader_canonical: reader_schema.canonical_form(),
+            plans: HashMap::new(),
+            _target: PhantomData,
+        }
+    }
+
+    /// Decodes one wire-format value. Never panics on bad input.
+    pub fn decode(
+        &mut self,
+        registry: &Registry,
+        bytes: &[u8],
+        shutdown: &dyn Fn() -> bool,
+    ) -> Result<T, DecodeError> {
+        let (id, mut datum) = split_wire_format(bytes)?;
+        if !self.plans.contains_key(&id) {
+            let plan = self.plan_for(registry, id, shutdown)?;
+            self.plans.insert(id, plan);
+        }
+        let result = match &self.plans[&id] {
+            ReadPlan::Direct(reader) => reader
+                .read_deser::<T>(&mut datum)
+                .map_err(|e| DecodeError::Avro(e.to_string())),
+            ReadPlan::Resolving(reader) => reader
+                .read_value(&mut datum)
+                .and_then(|value| apache_avro::from_value::<T>(&value))
+                .map_err(|e| DecodeError::Avro(e.to_string())),
+        }?;
+        if !datum.is_empty() {
+            return Err(DecodeError::Avro(format!(
+                "{} trailing bytes after the Avro datum",
+                datum.len()
+            )));
+        }
+        Ok(result)
+    }
+
+    fn plan_for(
+        &self,
+        registry: &Registry,
+        id: u32,
+        shutdown: &dyn Fn() -> bool,
+    ) -> Result<ReadPlan, DecodeError> {
+        let writer = registry.schema_by_id_retrying(id, shutdown)?;
+        let incompatible = |e: apache_avro::Error| DecodeError::IncompatibleSchema {
+            id,
+            message: e.to_string(),
+        };
+        if writer.canonical_form() == self.reader_canonical {
+            let reader = GenericDatumReader::builder(writer)
+                .human_readable(false)
+                .build()
+                .map_err(incompatible)?;
+            Ok(ReadPlan::Direct(reader))
+        } else {
+            let reader = GenericDatumReader::builder(writer)
+                .reader_schema(self.reader_schema)
+                .human_readable(false)
+                .build()
+                .map_err(incompatible)?;
+            Ok(ReadPlan::Resolving(reader))
+        }
+    }
+}
+
+/// Encodes values of one output schema into the wire format.
+pub struct AvroEncoder {
+    schema_id: u32,
+    writer: GenericDatumWriter<'static>,
+}
+
+impl AvroEncoder {
+    /// An encoder for `schema`, registered in the registry as `schema_id`.
+    pub fn new(schema: &'static Schema, schema_id: u32) -> anyhow::Result<Self> {
+        let writer = GenericDatumWriter::builder(schema)
+            .human_readable(false)
+            .build()
+            .map_err(|e| anyhow::anyhow!("Avro writer: {e}"))?;
+        Ok(AvroEncoder { schema_id, writer })
+    }
+
+    /// Appends the wire-format encoding of `value` to `out` (cleared first).
+    pub fn encode_into<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> anyhow::Result<()> {
+        out.clear();
+        out.push(0);
+        out.extend_from_slice(&self.schema_id.to_be_bytes());
+        self.writer
+            .write_ser(out, value)
+            .map_err(|e| anyhow::anyhow!("Avro encoding failed: {e}"))?;
+        Ok(())
+    }
+
+    /// Encodes a generic Avro value (used by tools that work from JSON).
+    pub fn encode_value(&self, value: apache_avro::types::Value, out: &mut Vec<u8>) -> anyhow::Result<()> {
+        out.clear();
+        out.push(0);
+        out.extend_from_slice(&self.schema_id.to_be_bytes());
+        self.writer
+            .write_value(out, value)
+            .map_err(|e| anyhow::anyhow!("value does not match the schema: {e}"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_the_wire_header() {
+        let (id, datum) = split_wire_format(&[0, 0, 0, 1, 2, 42, 43]).unwrap();
+        assert_eq!(id, 258);
+        assert_eq!(datum, &[42, 43]);
+    }
+
+    #[test]
+    fn rejects_values_that_are_not_wire_format() {
+        assert_eq!(split_wire_format(&[]).unwrap_err().kind(), "not_wire_format");
+        assert_eq!(split_wire_format(&[1, 0, 0, 0, 1]).unwrap_err().kind(), "not_wire_format");
+        assert_eq!(split_wire_format(&[0, 0, 1]).unwrap_err().kind(), "not_wire_format");
+    }
+}

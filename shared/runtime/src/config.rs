@@ -1,0 +1,116 @@
+//! Settings every service shares: where Kafka and the registry are, who the
+//! application is, where its state lives and how it delivers.
+//!
+//! A service flattens [`RuntimeArgs`] into its own clap struct, so every binary
+//! takes the same common flags (and the same environment variables).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::duration::HumanDuration;
+
+/// How input records, state changes and outputs are committed together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProcessingGuarantee {
+    /// Outputs, changelog writes and input offsets commit in one Kafka
+    /// transaction per commit interval.
+    #[value(name = "exactly_once_v2")]
+    ExactlyOnceV2,
+    /// Outputs are flushed before input offsets are committed; a crash can
+    /// repeat the outputs of one commit interval.
+    #[value(name = "at_least_once")]
+    AtLeastOnce,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The flags shared by every service.
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS", default_value = "127.0.0.1:9092")]
+    pub bootstrap_servers: String,
+
+    /// Confluent-compatible schema registry URL.
+    #[arg(long, env = "SCHEMA_REGISTRY_URL", default_value = "http://127.0.0.1:8081")]
+    pub schema_registry_url: String,
+
+    /// Application id: the consumer group id and the prefix of every internal
+    /// topic. Defaults to the service name.
+    #[arg(long, env = "APPLICATION_ID")]
+    pub application_id: Option<String>,
+
+    /// Directory for the RocksDB state of this instance's tasks.
+    #[arg(long, env = "STATE_DIR", default_value = "./state")]
+    pub state_dir: PathBuf,
+
+    /// Delivery guarantee.
+    #[arg(long, env = "PROCESSING_GUARANTEE", value_enum, default_value = "exactly_once_v2")]
+    pub processing_guarantee: ProcessingGuarantee,
+
+    /// How often input offsets, outputs and state changes are committed.
+    #[arg(long, env = "COMMIT_INTERVAL", default_value = "100ms")]
+    pub commit_interval: HumanDuration,
+
+    /// Memory shared by all tasks' RocksDB block cache and write buffers, in MiB.
+    #[arg(long, env = "STATE_MEMORY_LIMIT_MB", default_value_t = 256)]
+    pub state_memory_limit: u64,
+
+    /// When an input partition delivers nothing for this long (wall clock), it
+    /// stops holding the watermark back. Off by default: results stay replayable.
+    #[arg(long, env = "IDLE_TIMEOUT")]
+    pub idle_timeout: Option<HumanDuration>,
+
+    /// How long a task with several inputs waits for an input that has nothing
+    /// buffered before going on without it (Kafka Streams' `max.task.idle.ms`).
+    /// Waiting lets records of different topics be merged in event-time order.
+    #[arg(long, env = "MAX_TASK_IDLE", default_value = "1s")]
+    pub max_task_idle: HumanDuration,
+
+    /// Topic that receives a copy of every late record (not processed). Off by default.
+    #[arg(long, env = "LATE_TOPIC")]
+    pub late_topic: Option<String>,
+
+    /// How long to wait at startup for input topics that do not exist yet.
+    #[arg(long, env = "TOPIC_WAIT", default_value = "60s")]
+    pub topic_wait: HumanDuration,
+
+    /// Any librdkafka property, passed to every client: `--kafka security.protocol=SASL_SSL`.
+    /// Repeatable.
+    #[arg(long = "kafka", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub kafka_properties: Vec<(String, String)>,
+
+    /// Address of the HTTP listener for /metrics, /healthz and /readyz.
+    #[arg(long, env = "HTTP_ADDR", default_value = "0.0.0.0:9090")]
+    pub http_addr: SocketAddr,
+
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl RuntimeArgs {
+    /// The application id, or `default` (the service name) when none was given.
+    pub fn application_id_or(&self, default: &str) -> String {
+        self.application_id
+            .clone()
+            .unwrap_or_else(|| default.to_string())
+    }
+}
+
+/// Parses `key=value` for `--kafka`.
+pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_string(), value.trim().to_string()))
+        }
+        _ => Err(format!("expected KEY=VALUE, got '{text}'")),
+    }
+}

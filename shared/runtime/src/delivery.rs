@@ -1,0 +1,261 @@
+//! Producing: outputs, changelogs, repartition and dead-letter records, with
+//! transactions under exactly-once.
+//!
+//! Records go into librdkafka's queue without waiting (no await per record);
+//! delivery reports are served in bulk by `poll`/`flush`. Each record carries a
+//! small opaque tag so that the delivery report of a changelog record tells
+//! which changelog partition reached which offset, with no allocation.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
+
+/// Tag for records whose delivery offset nobody needs.
+pub const UNTRACKED: usize = 0;
+
+/// Receives delivery reports.
+#[derive(Default)]
+pub struct DeliveryReports {
+    /// Highest delivered offset per tracked tag.
+    offsets: Mutex<HashMap<usize, i64>>,
+    /// The first delivery failure since the last commit.
+    failure: Mutex<Option<KafkaError>>,
+}
+
+impl ClientContext for DeliveryReports {}
+
+impl ProducerContext for DeliveryReports {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, tag: usize) {
+        match result {
+            Ok(message) if tag != UNTRACKED => {
+                let mut offsets = self.offsets.lock().unwrap();
+                let offset = offsets.entry(tag).or_insert(-1);
+                *offset = (*offset).max(message.offset());
+            }
+            Ok(_) => {}
+            Err((error, _)) => {
+                self.failure.lock().unwrap().get_or_insert_with(|| error.clone());
+            }
+        }
+    }
+}
+
+/// How a failed commit must be handled.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The transaction was aborted (or at-least-once outputs failed): roll the
+    /// tasks back to their last commit and go on.
+    #[error("commit failed and was rolled back: {0}")]
+    Aborted(String),
+    /// The producer cannot continue (fenced by a newer instance, or a fatal
+    /// error): the instance must stop.
+    #[error("fatal producer error: {0}")]
+    Fatal(String),
+}
+
+/// The one producer of an instance.
+pub struct Delivery {
+    producer: BaseProducer<DeliveryReports>,
+    transactional: bool,
+    in_transaction: bool,
+    timeout: Duration,
+}
+
+/// One record to produce.
+pub struct Outgoing<'a> {
+    pub topic: &'a str,
+    /// `None`: partition by murmur2 of the key, like the Java client.
+    pub partition: Option<i32>,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+    pub timestamp: Option<i64>,
+    pub headers: Option<OwnedHeaders>,
+    pub tag: usize,
+}
+
+impl Delivery {
+    /// A producer; transactional (and initialised, fencing any previous
+    /// incarnation) when `transactional_id` is set.
+    pub fn new(mut config: ClientConfig, transactional_id: Option<&str>) -> anyhow::Result<Self> {
+        config
+            .set("partitioner", "murmur2_random")
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("compression.type", "lz4")
+            .set("queue.buffering.max.messages", "1000000");
+        if let Some(id) = transactional_id {
+            config
+                .set("transactional.id", id)
+                .set("transaction.timeout.ms", "10000");
+        }
+        let producer: BaseProducer<DeliveryReports> = config
+            .create_with_context(DeliveryReports::default())
+            .map_err(|e| anyhow::anyhow!("cannot create the Kafka producer: {e}"))?;
+        let timeout = Duration::from_secs(30);
+        if transactional_id.is_some() {
+            producer
+                .init_transactions(timeout)
+                .map_err(|e| anyhow::anyhow!("cannot initialise Kafka transactions: {e}"))?;
+        }
+        Ok(Delivery {
+            producer,
+            transactional: transactional_id.is_some(),
+            in_transaction: false,
+            timeout,
+        })
+    }
+
+    /// Whether outputs are committed in Kafka transactions.
+    pub fn is_transactional(&self) -> bool {
+        self.transactional
+    }
+
+    /// Queues one record, beginning a transaction first if needed. When the
+    /// queue is full, serves delivery reports until there is room.
+    pub fn send(&mut self, record: Outgoing<'_>) -> anyhow::Result<()> {
+        if self.transactional && !self.in_transaction {
+            self.producer
+                .begin_transaction()
+                .map_err(|e| anyhow::anyhow!("cannot begin a Kafka transaction: {e}"))?;
+            self.in_transaction = true;
+        }
+        let mut base: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(record.topic, record.tag);
+        if let Some(partition) = record.partition {
+            base = base.partition(partition);
+        }
+        if let Some(key) = record.key {
+            base = base.key(key);
+        }
+        if let Some(payload) = record.payload {
+            base = base.payload(payload);
+        }
+        if let Some(timestamp) = record.timestamp {
+            base = base.timestamp(timestamp);
+        }
+        if let Some(headers) = record.headers {
+            base = base.headers(headers);
+        }
+        loop {
+            match self.producer.send(base) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                    base = returned;
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((error, _)) => anyhow::bail!("cannot produce to {}: {error}", record.topic),
+            }
+        }
+    }
+
+    /// Serves pending delivery reports without blocking.
+    pub fn poll(&self) {
+        self.producer.poll(Duration::ZERO);
+    }
+
+    /// Whether a record has been sent since the last commit.
+    pub fn in_transaction(&self) -> bool {
+        self.in_transaction
+    }
+
+    /// Waits for every queued record to be acknowledged; returns the first
+    /// delivery failure since the last call.
+    fn flush(&mut self) -> Result<(), CommitError> {
+        self.producer
+            .flush(self.timeout)
+            .map_err(|e| CommitError::Aborted(format!("flushing the producer: {e}")))?;
+        if let Some(error) = self.producer.context().failure.lock().unwrap().take() {
+            return Err(CommitError::Aborted(format!("a record was not delivered: {error}")));
+        }
+        Ok(())
+    }
+
+    /// Commits everything sent so far together with the input `offsets`.
+    ///
+    /// Under exactly-once, outputs and offsets commit in one transaction; else
+    /// outputs are flushed here and the caller commits offsets afterwards.
+    pub fn commit(
+        &mut self,
+        offsets: &TopicPartitionList,
+        group: Option<&ConsumerGroupMetadata>,
+    ) -> Result<(), CommitError> {
+        if !self.transactional {
+            return self.flush();
+        }
+        if !self.in_transaction {
+            if offsets.count() == 0 {
+                return Ok(());
+            }
+            self.producer.begin_transaction().map_err(classify)?;
+            self.in_transaction = true;
+        }
+        let result = self.flush().and_then(|()| {
+            if offsets.count() > 0 {
+                let group = group.ok_or_else(|| {
+                    CommitError::Aborted("no consumer group metadata (not in a group)".into())
+                })?;
+                self.producer
+                    .send_offsets_to_transaction(offsets, group, self.timeout)
+                    .map_err(classify)?;
+            }
+            self.producer.commit_transaction(self.timeout).map_err(classify)
+        });
+        if let Err(error) = result {
+            self.abort_after(&error);
+            return Err(error);
+        }
+        self.in_transaction = false;
+        Ok(())
+    }
+
+    /// Aborts the open transaction (or drops unflushed at-least-once records'
+    /// effects by forgetting their reports), after a failure elsewhere.
+    pub fn abort(&mut self) -> Result<(), CommitError> {
+        if self.transactional && self.in_transaction {
+            self.in_transaction = false;
+            self.producer.abort_transaction(self.timeout).map_err(classify)?;
+        }
+        self.take_offsets();
+        Ok(())
+    }
+
+    fn abort_after(&mut self, error: &CommitError) {
+        self.in_transaction = false;
+        if matches!(error, CommitError::Aborted(_)) {
+            if let Err(abort_error) = self.producer.abort_transaction(self.timeout) {
+                tracing::error!(error = %abort_error, "aborting the transaction failed");
+            }
+        }
+        self.take_offsets();
+        self.producer.context().failure.lock().unwrap().take();
+    }
+
+    /// The highest offsets delivered per tag since the last call.
+    pub fn take_offsets(&self) -> HashMap<usize, i64> {
+        std::mem::take(&mut *self.producer.context().offsets.lock().unwrap())
+    }
+
+    /// Flushes what is queued, for shutdown.
+    pub fn close(&mut self) {
+        if let Err(error) = self.producer.flush(self.timeout) {
+            tracing::warn!(%error, "producer did not flush before shutdown");
+        }
+    }
+}
+
+fn classify(error: KafkaError) -> CommitError {
+    match &error {
+        KafkaError::Transaction(inner) if inner.txn_requires_abort() => {
+            CommitError::Aborted(error.to_string())
+        }
+        KafkaError::Transaction(inner) if inner.is_retriable() => CommitError::Aborted(error.to_string()),
+        _ => CommitError::Fatal(error.to_string()),
+    }
+}

@@ -1,0 +1,706 @@
+//! The processing loop: consume, route to tasks, produce, commit.
+//!
+//! One thread owns everything mutable. It polls one consumer (the application's
+//! consumer group) and, per record, finds the route of its topic:
+//!
+//! * a **direct input**: partition *p* goes to task *p*;
+//! * the **source of a repartitioning**: the record is re-keyed and forwarded
+//!   unchanged (same wire-format bytes) to `<app-id>-<name>-repartition`;
+//! * a **repartition topic**: data records go to task *p*; watermark
+//!   announcements (records with a `streams.watermark` header) move the clock
+//!   of the upstream task that sent them.
+//!
+//! Every commit interval the engine stages clocks into state, announces
+//! upstream watermarks, writes every uncommitted state change to its changelog,
+//! and commits outputs, changelogs and input offsets together — one Kafka
+//! transaction under exactly-once — before applying the changes to RocksDB.
+//!
+//! Rebalances arrive as consumer callbacks on the same thread (inside `poll`),
+//! which is why the engine lives in the consumer context behind a mutex that
+//! is never held across `poll`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::avro::{AvroEncoder, DecodeError, Registry};
+use crate::delivery::{CommitError, Delivery, Outgoing, UNTRACKED};
+use crate::metrics::{self, Metrics, Snapshot};
+use crate::processor::{OutputSink, Processor};
+use crate::restore::Restorer;
+use crate::state::store::{StateResources, TaskStore};
+use crate::task::{InputKind, Origin, Outcome, Pending, Task, TaskEnv};
+use crate::topology::DecodeFn;
+
+/// Header of a watermark announcement on a repartition topic (i64, big-endian).
+pub const WATERMARK_HEADER: &str = "streams.watermark";
+/// Header naming the upstream partition of an announcement (u32, big-endian).
+pub const SOURCE_HEADER: &str = "streams.source";
+
+/// Settings of the engine, resolved at startup.
+pub(crate) struct EngineSettings {
+    pub commit_interval: Duration,
+    pub idle_timeout: Option<Duration>,
+    pub max_task_idle: Duration,
+    pub max_out_of_orderness: i64,
+    pub late_topic: Option<String>,
+    pub dlq_topic: String,
+    pub output_topic: String,
+    pub state_dir: PathBuf,
+    pub store_names: Vec<String>,
+    pub changelog_topics: Vec<String>,
+}
+
+/// What the engine does with records of one subscribed topic.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Route {
+    /// Input `slot`, read directly.
+    Direct { slot: usize },
+    /// Source of input `slot`, forwarded to its repartition topic.
+    Upstream { slot: usize },
+    /// Repartition topic of input `slot`.
+    Repartitioned { slot: usize },
+}
+
+/// One input of the topology, as the engine runs it.
+pub(crate) struct InputRuntime<I> {
+    pub decode: DecodeFn<I>,
+    pub repartition: Option<RepartitionRuntime<I>>,
+}
+
+/// A repartitioning: where to, by what key, and how many partitions each side has.
+pub(crate) struct RepartitionRuntime<I> {
+    pub topic: String,
+    pub key_of: fn(&I) -> String,
+    pub upstream_partitions: usize,
+    pub downstream_partitions: usize,
+}
+
+/// Event-time progress of one upstream (source) partition of a repartitioning.
+#[derive(Debug, Default)]
+struct UpstreamClock {
+    max_event_time: Option<i64>,
+    announced: Option<i64>,
+}
+
+/// Per-topic counts since startup.
+#[derive(Debug, Default, Clone)]
+struct TopicCounts {
+    consumed: u64,
+    late: u64,
+    dead_lettered: u64,
+}
+
+pub(crate) struct Engine<P: Processor> {
+    settings: EngineSettings,
+    processor: P,
+    inputs: Vec<InputRuntime<P::Input>>,
+    topics: Vec<(String, Route)>,
+    kinds: Vec<InputKind>,
+    tasks: BTreeMap<i32, Task<P>>,
+    delivery: Delivery,
+    registry: Registry,
+    encoder: AvroEncoder,
+    resources: StateResources,
+    restorer: Restorer,
+    positions: HashMap<(usize, i32), i64>,
+    upstream: HashMap<(usize, i32), UpstreamClock>,
+    topic_counts: Vec<TopicCounts>,
+    produced: HashMap<String, u64>,
+    output_produced: u64,
+    restored_records: u64,
+    commits: u64,
+    commits_aborted: u64,
+    commit_seconds: f64,
+    processor_counters: BTreeMap<&'static str, u64>,
+    scratch: Vec<u8>,
+    last_commit: Instant,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
+    /// An error raised inside a rebalance callback, surfaced by the loop.
+    pub(crate) fatal: Option<anyhow::Error>,
+}
+
+/// The consumer context: rebalance callbacks reach the engine through it.
+pub(crate) struct EngineContext<P: Processor> {
+    pub engine: Mutex<Option<Engine<P>>>,
+}
+
+pub(crate) type GroupConsumer<P> = BaseConsumer<EngineContext<P>>;
+
+impl<P: Processor> ClientContext for EngineContext<P> {}
+
+impl<P: Processor> ConsumerContext for EngineContext<P> {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(partitions) = rebalance {
+            let mut guard = self.engine.lock().unwrap();
+            if let Some(engine) = guard.as_mut() {
+                if let Err(error) = engine.revoke(consumer, partitions) {
+                    engine.fatal.get_or_insert(error);
+                }
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(partitions) => {
+                let mut guard = self.engine.lock().unwrap();
+                if let Some(engine) = guard.as_mut() {
+                    if let Err(error) = engine.assign(partitions) {
+                        engine.fatal.get_or_insert(error);
+                    }
+                }
+            }
+            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+/// Routes emitted records to the output topic.
+struct OutputTo<'a> {
+    delivery: &'a mut Delivery,
+    topic: &'a str,
+    produced: &'a mut u64,
+}
+
+impl OutputSink for OutputTo<'_> {
+    fn send_output(&mut self, key: Option<&str>, payload: &[u8], timestamp: i64) -> anyhow::Result<()> {
+        self.delivery.send(Outgoing {
+            topic: self.topic,
+            partition: None,
+            key: key.map(str::as_bytes),
+            payload: Some(payload),
+            timestamp: Some(timestamp),
+            headers: None,
+            tag: UNTRACKED,
+        })?;
+        *self.produced += 1;
+        Ok(())
+    }
+}
+
+/// The delivery tag of a changelog record: which store, which partition.
+fn changelog_tag(store: usize, partition: i32) -> usize {
+    1 + store * 1_000_000 + partition as usize
+}
+
+fn header_i64(message: &BorrowedMessage<'_>, name: &str) -> Option<i64> {
+    let headers = message.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .and_then(|v| v.try_into().ok().map(i64::from_be_bytes))
+}
+
+fn header_u32(message: &BorrowedMessage<'_>, name: &str) -> Option<u32> {
+    let headers = message.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .and_then(|v| v.try_into().ok().map(u32::from_be_bytes))
+}
+
+impl<P: Processor> Engine<P> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        settings: EngineSettings,
+        processor: P,
+        inputs: Vec<InputRuntime<P::Input>>,
+        topics: Vec<(String, Route)>,
+        delivery: Delivery,
+        registry: Registry,
+        encoder: AvroEncoder,
+        resources: StateResources,
+        restorer: Restorer,
+        metrics: Arc<Metrics>,
+        shutdown: Arc<AtomicBool>,
+    ) -> Self {
+        let kinds = inputs
+            .iter()
+            .map(|input| match &input.repartition {
+                None => InputKind::Direct,
+                Some(r) => InputKind::Repartitioned {
+                    upstream_partitions: r.upstream_partitions,
+                },
+            })
+            .collect();
+        let topic_counts = vec![TopicCounts::default(); topics.len()];
+        Engine {
+            settings,
+            processor,
+            inputs,
+            topics,
+            kinds,
+            tasks: BTreeMap::new(),
+            delivery,
+            registry,
+            encoder,
+            resources,
+            restorer,
+            positions: HashMap::new(),
+            upstream: HashMap::new(),
+            topic_counts,
+            produced: HashMap::new(),
+            output_produced: 0,
+            restored_records: 0,
+            commits: 0,
+            commits_aborted: 0,
+            commit_seconds: 0.0,
+            processor_counters: BTreeMap::new(),
+            scratch: Vec::with_capacity(256),
+            last_commit: Instant::now(),
+            metrics,
+            shutdown,
+            fatal: None,
+        }
+    }
+
+    fn topic_index(&self, topic: &str) -> Option<usize> {
+        self.topics.iter().position(|(name, _)| name == topic)
+    }
+
+    fn is_task_route(route: Route) -> bool {
+        matches!(route, Route::Direct { .. } | Route::Repartitioned { .. })
+    }
+
+    /// Handles one consumed record.
+    pub fn handle(&mut self, message: &BorrowedMessage<'_>) -> anyhow::Result<()> {
+        let Some(topic_index) = self.topic_index(message.topic()) else {
+            return Ok(());
+        };
+        let partition = message.partition();
+        self.topic_counts[topic_index].consumed += 1;
+        let origin = Origin {
+            topic_index,
+            offset: message.offset(),
+        };
+        let (slot, entry) = match self.topics[topic_index].1 {
+            Route::Upstream { slot } => {
+                self.positions.insert((topic_index, partition), message.offset() + 1);
+                return self.forward_upstream(topic_index, slot, message);
+            }
+            Route::Repartitioned { slot } if header_i64(message, WATERMARK_HEADER).is_some() => {
+                let watermark = header_i64(message, WATERMARK_HEADER).unwrap_or(i64::MIN);
+                let source = header_u32(message, SOURCE_HEADER).unwrap_or(0) as usize;
+                (slot, Pending::Announcement { source, watermark, origin })
+            }
+            Route::Direct { slot } | Route::Repartitioned { slot } => match self.decode(slot, message) {
+                Ok((value, event_time)) => {
+                    let key = message
+                        .key()
+                        .map(|k| String::from_utf8_lossy(k).into_owned());
+                    let raw = self
+                        .settings
+                        .late_topic
+                        .is_some()
+                        .then(|| message.payload().unwrap_or_default().to_vec());
+                    (slot, Pending::Record { key, value, event_time, origin, raw })
+                }
+                Err(error) => {
+                    self.dead_letter(topic_index, message, &error)?;
+                    (slot, Pending::Skipped { origin })
+                }
+            },
+        };
+        let Some(task) = self.tasks.get_mut(&partition) else {
+            anyhow::bail!("record from {}-{partition} has no task", message.topic());
+        };
+        task.enqueue(slot, entry);
+        self.drain(partition)
+    }
+
+    fn decode(&mut self, slot: usize, message: &BorrowedMessage<'_>) -> Result<(P::Input, i64), DecodeError> {
+        if let Some(key) = message.key() {
+            std::str::from_utf8(key)
+                .map_err(|_| DecodeError::NotWireFormat("record key is not UTF-8".into()))?;
+        }
+        let payload = message.payload().unwrap_or_default();
+        let shutdown = &self.shutdown;
+        (self.inputs[slot].decode)(&self.registry, payload, &|| shutdown.load(Ordering::Relaxed))
+    }
+
+    /// Handles every buffered entry of task `partition` that may go now.
+    fn drain(&mut self, partition: i32) -> anyhow::Result<()> {
+        let Some(task) = self.tasks.get_mut(&partition) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let mut late = Vec::new();
+        {
+            let mut sink = OutputTo {
+                delivery: &mut self.delivery,
+                topic: &self.settings.output_topic,
+                produced: &mut self.output_produced,
+            };
+            let mut env = TaskEnv {
+                encoder: &self.encoder,
+                scratch: &mut self.scratch,
+                sink: &mut sink,
+                max_out_of_orderness: self.settings.max_out_of_orderness,
+                idle_timeout: self.settings.idle_timeout,
+            };
+            while let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now) {
+                let origin = entry.origin();
+                match entry {
+                    Pending::Record { key, value, event_time, raw, .. } => {
+                        let outcome = task.handle_record(&mut env, slot, key.as_deref(), value, event_time)?;
+                        if outcome == Outcome::Late {
+                            self.topic_counts[origin.topic_index].late += 1;
+                            late.push((key, raw, event_time));
+                        }
+                    }
+                    Pending::Announcement { source, watermark, .. } => {
+                        task.handle_announcement(&mut env, slot, source, watermark)?;
+                    }
+                    Pending::Skipped { .. } => {}
+                }
+                self.positions.insert((origin.topic_index, partition), origin.offset + 1);
+            }
+        }
+        if let Some(late_topic) = &self.settings.late_topic {
+            for (key, raw, event_time) in late {
+                self.delivery.send(Outgoing {
+                    topic: late_topic,
+                    partition: None,
+                    key: key.as_deref().map(str::as_bytes),
+                    payload: raw.as_deref(),
+                    timestamp: Some(event_time),
+                    headers: None,
+                    tag: UNTRACKED,
+                })?;
+                *self.produced.entry(late_topic.clone()).or_default() += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn forward_upstream(&mut self, topic_index: usize, slot: usize, message: &BorrowedMessage<'_>) -> anyhow::Result<()> {
+        let (value, event_time) = match self.decode(slot, message) {
+            Ok(decoded) => decoded,
+            Err(error) => return self.dead_letter(topic_index, message, &error),
+        };
+        let repartition = self.inputs[slot]
+            .repartition
+            .as_ref()
+            .expect("upstream routes have a repartitioning");
+        let key = (repartition.key_of)(&value);
+        self.delivery.send(Outgoing {
+            topic: &repartition.topic,
+            partition: None,
+            key: Some(key.as_bytes()),
+            payload: message.payload(),
+            timestamp: Some(event_time),
+            headers: None,
+            tag: UNTRACKED,
+        })?;
+        *self.produced.entry(repartition.topic.clone()).or_default() += 1;
+        let clock = self.upstream.entry((slot, message.partition())).or_default();
+        clock.max_event_time = Some(clock.max_event_time.map_or(event_time, |m| m.max(event_time)));
+        Ok(())
+    }
+
+    /// Copies an undecodable record to the dead-letter topic, with headers
+    /// naming the error and where the record came from.
+    fn dead_letter(&mut self, topic_index: usize, message: &BorrowedMessage<'_>, error: &DecodeError) -> anyhow::Result<()> {
+        tracing::warn!(
+            topic = message.topic(),
+            partition = message.partition(),
+            offset = message.offset(),
+            %error,
+            "undecodable record sent to the dead-letter topic"
+        );
+        let message_text = error.to_string();
+        let partition_text = message.partition().to_string();
+        let offset_text = message.offset().to_string();
+        let headers = OwnedHeaders::new_with_capacity(5)
+            .insert(Header { key: "dlq.error.kind", value: Some(error.kind()) })
+            .insert(Header { key: "dlq.error.message", value: Some(message_text.as_str()) })
+            .insert(Header { key: "dlq.source.topic", value: Some(message.topic()) })
+            .insert(Header { key: "dlq.source.partition", value: Some(partition_text.as_str()) })
+            .insert(Header { key: "dlq.source.offset", value: Some(offset_text.as_str()) });
+        self.delivery.send(Outgoing {
+            topic: &self.settings.dlq_topic,
+            partition: None,
+            key: message.key(),
+            payload: message.payload(),
+            timestamp: None,
+            headers: Some(headers),
+            tag: UNTRACKED,
+        })?;
+        self.topic_counts[topic_index].dead_lettered += 1;
+        *self.produced.entry(self.settings.dlq_topic.clone()).or_default() += 1;
+        Ok(())
+    }
+
+    /// Lets idle partitions move watermarks; serves delivery reports; commits
+    /// when the interval has passed.
+    pub fn tick(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        self.delivery.poll();
+        let partitions: Vec<i32> = self.tasks.keys().copied().collect();
+        for partition in partitions {
+            self.drain(partition)?;
+        }
+        if self.settings.idle_timeout.is_some() {
+            let mut sink = OutputTo {
+                delivery: &mut self.delivery,
+                topic: &self.settings.output_topic,
+                produced: &mut self.output_produced,
+            };
+            let mut env = TaskEnv {
+                encoder: &self.encoder,
+                scratch: &mut self.scratch,
+                sink: &mut sink,
+                max_out_of_orderness: self.settings.max_out_of_orderness,
+                idle_timeout: self.settings.idle_timeout,
+            };
+            for task in self.tasks.values_mut() {
+                task.tick(&mut env)?;
+            }
+        }
+        if self.last_commit.elapsed() >= self.settings.commit_interval {
+            self.commit(consumer)?;
+        }
+        Ok(())
+    }
+
+    /// Sends every upstream watermark that moved to every partition of its
+    /// repartition topic.
+    fn announce_watermarks(&mut self) -> anyhow::Result<()> {
+        for ((slot, source), clock) in self.upstream.iter_mut() {
+            let Some(max) = clock.max_event_time else { continue };
+            let watermark = max.saturating_sub(self.settings.max_out_of_orderness);
+            if clock.announced.is_some_and(|announced| announced >= watermark) {
+                continue;
+            }
+            let repartition = self.inputs[*slot].repartition.as_ref().expect("repartitioned input");
+            let watermark_bytes = watermark.to_be_bytes();
+            let source_bytes = (*source as u32).to_be_bytes();
+            for partition in 0..repartition.downstream_partitions {
+                let headers = OwnedHeaders::new_with_capacity(2)
+                    .insert(Header { key: WATERMARK_HEADER, value: Some(&watermark_bytes[..]) })
+                    .insert(Header { key: SOURCE_HEADER, value: Some(&source_bytes[..]) });
+                self.delivery.send(Outgoing {
+                    topic: &repartition.topic,
+                    partition: Some(partition as i32),
+                    key: None,
+                    payload: None,
+                    timestamp: None,
+                    headers: Some(headers),
+                    tag: UNTRACKED,
+                })?;
+            }
+            clock.announced = Some(watermark);
+        }
+        Ok(())
+    }
+
+    fn offsets_to_commit(&self) -> anyhow::Result<TopicPartitionList> {
+        let mut offsets = TopicPartitionList::new();
+        for ((topic_index, partition), next) in &self.positions {
+            offsets.add_partition_offset(&self.topics[*topic_index].0, *partition, Offset::Offset(*next))?;
+        }
+        Ok(offsets)
+    }
+
+    /// Commits outputs, state changes and input offsets together.
+    pub fn commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let started = Instant::now();
+        self.last_commit = started;
+        self.announce_watermarks()?;
+        for task in self.tasks.values_mut() {
+            task.stage_clocks();
+            for store in 0..self.settings.store_names.len() {
+                let topic = &self.settings.changelog_topics[store];
+                for (key, value) in task.store.uncommitted(store) {
+                    self.delivery.send(Outgoing {
+                        topic,
+                        partition: Some(task.partition),
+                        key: Some(key),
+                        payload: value,
+                        timestamp: None,
+                        headers: None,
+                        tag: changelog_tag(store, task.partition),
+                    })?;
+                }
+            }
+        }
+        let offsets = self.offsets_to_commit()?;
+        let group = consumer.group_metadata();
+        let result = self.delivery.commit(&offsets, group.as_ref()).and_then(|()| {
+            if self.delivery.is_transactional() || offsets.count() == 0 {
+                return Ok(());
+            }
+            consumer
+                .commit(&offsets, CommitMode::Sync)
+                .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")))
+        });
+        match result {
+            Ok(()) => {
+                let delivered = self.delivery.take_offsets();
+                for task in self.tasks.values_mut() {
+                    let checkpoints: Vec<(usize, i64)> = (0..self.settings.store_names.len())
+                        .filter_map(|store| {
+                            delivered
+                                .get(&changelog_tag(store, task.partition))
+                                .map(|offset| (store, *offset))
+                        })
+                        .collect();
+                    task.store.apply_overlay(&checkpoints)?;
+                    for (name, count) in std::mem::take(&mut task.counters) {
+                        *self.processor_counters.entry(name).or_default() += count;
+                    }
+                }
+                self.commits += 1;
+            }
+            Err(CommitError::Aborted(reason)) => {
+                tracing::warn!(%reason, "commit aborted; rolling back to the last commit");
+                self.commits_aborted += 1;
+                self.rollback(consumer)?;
+            }
+            Err(fatal @ CommitError::Fatal(_)) => return Err(fatal.into()),
+        }
+        self.commit_seconds += started.elapsed().as_secs_f64();
+        self.publish_metrics();
+        Ok(())
+    }
+
+    /// Returns every task to its last committed state and rewinds the
+    /// consumer to the committed offsets.
+    fn rollback(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        for task in self.tasks.values_mut() {
+            task.rollback()?;
+        }
+        self.upstream.clear();
+        let committed = consumer.committed(Duration::from_secs(10))?;
+        for element in committed.elements() {
+            let offset = match element.offset() {
+                Offset::Offset(offset) => Offset::Offset(offset),
+                _ => Offset::Beginning,
+            };
+            consumer.seek(element.topic(), element.partition(), offset, Duration::from_secs(10))?;
+        }
+        self.positions.clear();
+        Ok(())
+    }
+
+    /// Opens (and restores) the tasks of newly assigned partitions.
+    pub fn assign(&mut self, partitions: &TopicPartitionList) -> anyhow::Result<()> {
+        self.metrics.set_ready(false);
+        let mut task_partitions: Vec<i32> = partitions
+            .elements()
+            .iter()
+            .filter(|e| {
+                self.topic_index(e.topic())
+                    .is_some_and(|i| Self::is_task_route(self.topics[i].1))
+            })
+            .map(|e| e.partition())
+            .collect();
+        task_partitions.sort_unstable();
+        task_partitions.dedup();
+        for partition in task_partitions {
+            if self.tasks.contains_key(&partition) {
+                continue;
+            }
+            let started = Instant::now();
+            let path = self.settings.state_dir.join(format!("task-{partition}"));
+            let mut store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
+            let restored = self
+                .restorer
+                .restore(&mut store, &self.settings.changelog_topics, partition)?;
+            self.restored_records += restored;
+            let task = Task::open(partition, self.processor.clone(), store, &self.kinds)?;
+            tracing::info!(
+                partition,
+                restored,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "task ready"
+            );
+            self.tasks.insert(partition, task);
+        }
+        self.publish_metrics();
+        self.metrics.set_ready(true);
+        Ok(())
+    }
+
+    /// Commits, then closes the tasks of revoked partitions.
+    pub fn revoke(&mut self, consumer: &GroupConsumer<P>, partitions: &TopicPartitionList) -> anyhow::Result<()> {
+        self.commit(consumer)?;
+        for element in partitions.elements() {
+            if let Some(index) = self.topic_index(element.topic()) {
+                self.positions.remove(&(index, element.partition()));
+                if let Route::Upstream { slot } = self.topics[index].1 {
+                    self.upstream.remove(&(slot, element.partition()));
+                }
+                if Self::is_task_route(self.topics[index].1) {
+                    if let Some(task) = self.tasks.remove(&element.partition()) {
+                        tracing::info!(partition = task.partition, "task closed");
+                    }
+                }
+            }
+        }
+        self.publish_metrics();
+        Ok(())
+    }
+
+    /// Final commit and flush on shutdown.
+    pub fn close(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        self.commit(consumer)?;
+        self.delivery.close();
+        Ok(())
+    }
+
+    fn publish_metrics(&self) {
+        let mut snapshot = Snapshot::default();
+        for ((topic, _), counts) in self.topics.iter().zip(&self.topic_counts) {
+            let label = || vec![("topic", topic.clone())];
+            snapshot.add(metrics::RECORDS_CONSUMED, label(), counts.consumed);
+            snapshot.add(metrics::RECORDS_LATE, label(), counts.late);
+            snapshot.add(metrics::RECORDS_DEAD_LETTERED, label(), counts.dead_lettered);
+        }
+        snapshot.add(
+            metrics::RECORDS_PRODUCED,
+            vec![("topic", self.settings.output_topic.clone())],
+            self.output_produced,
+        );
+        for (topic, count) in &self.produced {
+            snapshot.add(metrics::RECORDS_PRODUCED, vec![("topic", topic.clone())], *count);
+        }
+        snapshot.add(metrics::RESTORED_RECORDS, vec![], self.restored_records);
+        snapshot.add(metrics::COMMITS, vec![], self.commits);
+        snapshot.add(metrics::COMMITS_ABORTED, vec![], self.commits_aborted);
+        snapshot.set(metrics::COMMIT_SECONDS, vec![], self.commit_seconds);
+        for (name, count) in &self.processor_counters {
+            snapshot.add(metrics::PROCESSOR_EVENTS, vec![("name", name.to_string())], *count);
+        }
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        for task in self.tasks.values() {
+            let label = || vec![("task", task.partition.to_string())];
+            if task.watermark() != crate::time::NO_WATERMARK {
+                let lag = (now_ms.saturating_sub(task.watermark())) as f64 / 1000.0;
+                snapshot.set(metrics::WATERMARK_LAG, label(), lag);
+            }
+            snapshot.set(metrics::TIMERS_PENDING, label(), task.timers_pending() as f64);
+            snapshot.set(metrics::STATE_BYTES, label(), task.store.estimated_bytes() as f64);
+            for (index, name) in self.settings.store_names.iter().enumerate() {
+                snapshot.set(
+                    metrics::STATE_KEYS,
+                    vec![("task", task.partition.to_string()), ("store", name.clone())],
+                    task.store.estimated_keys(index) as f64,
+                );
+            }
+        }
+        self.metrics.publish(snapshot);
+    }
+}

@@ -1,0 +1,160 @@
+//! Metrics: counted on the processing thread, published at each commit,
+//! rendered in the Prometheus text format by the HTTP listener.
+//!
+//! The processing thread never takes a lock per record: it counts into plain
+//! fields and hands a copy to [`Metrics::publish`] once per commit interval.
+//! Every metric name is listed here and in `docs/metrics.md`. Naming rules:
+//! `streams_<what>_<unit>` with `_total` for counters; labels are bounded
+//! (topic names, task ids, processor counter names), never record data.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// Records consumed, by input topic.
+pub const RECORDS_CONSUMED: &str = "streams_records_consumed_total";
+/// Records produced, by topic (outputs, repartition, late and dead-letter topics).
+pub const RECORDS_PRODUCED: &str = "streams_records_produced_total";
+/// Late records dropped, by input topic.
+pub const RECORDS_LATE: &str = "streams_records_late_total";
+/// Undecodable records sent to the dead-letter topic, by input topic.
+pub const RECORDS_DEAD_LETTERED: &str = "streams_records_dead_lettered_total";
+/// Changelog records replayed into local state.
+pub const RESTORED_RECORDS: &str = "streams_restored_records_total";
+/// Commits (transactions under exactly-once) completed.
+pub const COMMITS: &str = "streams_commits_total";
+/// Commits rolled back.
+pub const COMMITS_ABORTED: &str = "streams_commits_aborted_total";
+/// Total seconds spent committing.
+pub const COMMIT_SECONDS: &str = "streams_commit_duration_seconds_total";
+/// Wall clock minus task watermark, by task.
+pub const WATERMARK_LAG: &str = "streams_watermark_lag_seconds";
+/// Estimated bytes of committed state, by task.
+pub const STATE_BYTES: &str = "streams_state_bytes";
+/// Estimated keys per store and task.
+pub const STATE_KEYS: &str = "streams_state_keys";
+/// Pending event-time timers, by task.
+pub const TIMERS_PENDING: &str = "streams_timers_pending";
+/// Domain counters incremented by the processor, by name.
+pub const PROCESSOR_EVENTS: &str = "streams_processor_events_total";
+
+/// One labelled sample.
+pub type Series = (&'static str, Vec<(&'static str, String)>);
+
+/// A point-in-time copy of every metric.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    pub counters: BTreeMap<Series, u64>,
+    pub gauges: BTreeMap<Series, f64>,
+}
+
+impl Snapshot {
+    /// Adds `by` to a counter.
+    pub fn add(&mut self, name: &'static str, labels: Vec<(&'static str, String)>, by: u64) {
+        *self.counters.entry((name, labels)).or_default() += by;
+    }
+
+    /// Sets a gauge.
+    pub fn set(&mut self, name: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
+        self.gauges.insert((name, labels), value);
+    }
+
+    /// The value of a counter (0 when never counted).
+    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
+        self.counters
+            .iter()
+            .find(|((n, l), _)| {
+                *n == name
+                    && l.len() == labels.len()
+                    && l.iter().zip(labels).all(|((k1, v1), (k2, v2))| k1 == k2 && v1 == v2)
+            })
+            .map_or(0, |(_, v)| *v)
+    }
+
+    /// Renders the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut last_name = "";
+        let mut write_series = |out: &mut String, kind: &str, name: &'static str, labels: &[(&'static str, String)], value: String| {
+            if name != last_name {
+                let _ = writeln!(out, "# TYPE {name} {kind}");
+                last_name = name;
+            }
+            let labels: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+                .collect();
+            if labels.is_empty() {
+                let _ = writeln!(out, "{name} {value}");
+            } else {
+                let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
+            }
+        };
+        for ((name, labels), value) in &self.counters {
+            write_series(&mut out, "counter", name, labels, value.to_string());
+        }
+        for ((name, labels), value) in &self.gauges {
+            write_series(&mut out, "gauge", name, labels, value.to_string());
+        }
+        out
+    }
+}
+
+/// What the processing thread shares with the HTTP listener.
+#[derive(Default)]
+pub struct Metrics {
+    snapshot: Mutex<Snapshot>,
+    ready: AtomicBool,
+    failed: AtomicBool,
+}
+
+impl Metrics {
+    /// Replaces the published snapshot.
+    pub fn publish(&self, snapshot: Snapshot) {
+        *self.snapshot.lock().unwrap() = snapshot;
+    }
+
+    /// A copy of the last published snapshot.
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshot.lock().unwrap().clone()
+    }
+
+    /// Marks whether every assigned task is restored and processing.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Whether every assigned task is restored and processing.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Marks the processing loop as failed (unhealthy).
+    pub fn set_failed(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the processing loop has failed.
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text_with_escaped_labels() {
+        let mut snapshot = Snapshot::default();
+        snapshot.add(RECORDS_CONSUMED, vec![("topic", "a\"b".into())], 3);
+        snapshot.add(RECORDS_CONSUMED, vec![("topic", "a\"b".into())], 2);
+        snapshot.set(TIMERS_PENDING, vec![("task", "0".into())], 4.0);
+        let text = snapshot.render();
+        assert!(text.contains("# TYPE streams_records_consumed_total counter"), "{text}");
+        assert!(text.contains("streams_records_consumed_total{topic=\"a\\\"b\"} 5"), "{text}");
+        assert!(text.contains("streams_timers_pending{task=\"0\"} 4"), "{text}");
+        assert_eq!(snapshot.counter(RECORDS_CONSUMED, &[("topic", "a\"b")]), 5);
+    }
+}

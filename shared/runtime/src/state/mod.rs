@@ -1,0 +1,5 @@
+//! Keyed state: RocksDB per task, an overlay of uncommitted changes, and the
+//! byte encodings of keys and values.
+
+pub mod codec;
+pub mod store;

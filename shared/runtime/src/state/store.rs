@@ -1,0 +1,325 @@
+//! One task's RocksDB database, with an overlay of uncommitted changes.
+//!
+//! Every named store is a column family. Writes made while processing go to
+//! an in-memory overlay, never straight to RocksDB; at commit the runtime
+//! produces the overlay to the changelog topics and, once the commit (or the
+//! Kafka transaction) has succeeded, applies it to RocksDB in one `WriteBatch`
+//! together with the changelog offsets it corresponds to. So local RocksDB only
+//! ever holds committed state: rolling a task back is dropping the overlay, and
+//! a restart only replays the changelog past the stored checkpoint (what KIP-892
+//! is about in Kafka Streams).
+//!
+//! The overlay is sorted, so that scans merge it with RocksDB in key order.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options,
+    WriteBatch, WriteBufferManager, DB,
+};
+
+/// Column family holding, per store, the last changelog offset applied locally.
+const CHECKPOINTS: &str = "__checkpoints";
+
+/// RocksDB memory shared by every task of the process: one block cache, with
+/// memtables charged to it, so the whole process stays under one budget however
+/// many stores and tasks it has (a Kafka Streams pain point).
+#[derive(Clone)]
+pub struct StateResources {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+}
+
+impl StateResources {
+    /// Resources capped at `limit_bytes` in total.
+    pub fn new(limit_bytes: usize) -> Self {
+        let cache = Cache::new_lru_cache(limit_bytes);
+        let write_buffers =
+            WriteBufferManager::new_write_buffer_manager_with_cache(limit_bytes / 2, false, cache.clone());
+        StateResources {
+            cache,
+            write_buffers,
+        }
+    }
+
+    fn options(&self) -> Options {
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        options.set_write_buffer_manager(&self.write_buffers);
+        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        options.set_max_background_jobs(2);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&self.cache);
+        table.set_bloom_filter(10.0, false);
+        table.set_cache_index_and_filter_blocks(true);
+        options.set_block_based_table_factory(&table);
+        options
+    }
+}
+
+/// Changes of one store not yet committed: `None` is a deletion.
+type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// The state of one task: named stores in one RocksDB, plus the overlay.
+pub struct TaskStore {
+    db: DB,
+    path: PathBuf,
+    names: Vec<String>,
+    overlay: Vec<Overlay>,
+}
+
+/// Index of a store within its [`TaskStore`], fixed for the process lifetime.
+pub type StoreIndex = usize;
+
+impl TaskStore {
+    /// Opens (or creates) the database at `path` with one column family per store.
+    pub fn open(path: &Path, names: &[String], resources: &StateResources) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(path)
+            .map_err(|e| anyhow::anyhow!("cannot create state directory {}: {e}", path.display()))?;
+        let options = resources.options();
+        let families = names
+            .iter()
+            .map(String::as_str)
+            .chain([CHECKPOINTS])
+            .map(|name| ColumnFamilyDescriptor::new(name, options.clone()));
+        let db = DB::open_cf_descriptors(&options, path, families)
+            .map_err(|e| anyhow::anyhow!("cannot open state store {}: {e}", path.display()))?;
+        Ok(TaskStore {
+            db,
+            path: path.to_path_buf(),
+            names: names.to_vec(),
+            overlay: vec![Overlay::new(); names.len()],
+        })
+    }
+
+    /// The directory of this database.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The index of the store called `name`.
+    pub fn index_of(&self, name: &str) -> Option<StoreIndex> {
+        self.names.iter().position(|n| n == name)
+    }
+
+    /// The names of the stores, by index.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    fn family(&self, store: StoreIndex) -> &rocksdb::ColumnFamily {
+        self.db
+            .cf_handle(&self.names[store])
+            .expect("every store has a column family")
+    }
+
+    /// Calls `read` with the current value of `key`, if there is one.
+    pub fn read<R>(
+        &self,
+        store: StoreIndex,
+        key: &[u8],
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> anyhow::Result<Option<R>> {
+        if let Some(change) = self.overlay[store].get(key) {
+            return Ok(change.as_deref().map(read));
+        }
+        let value = self.db.get_pinned_cf(self.family(store), key)?;
+        Ok(value.as_deref().map(read))
+    }
+
+    /// Sets `key` to `value` (uncommitted until [`TaskStore::apply_overlay`]).
+    pub fn put(&mut self, store: StoreIndex, key: Vec<u8>, value: Vec<u8>) {
+        self.overlay[store].insert(key, Some(value));
+    }
+
+    /// Deletes `key` (uncommitted until [`TaskStore::apply_overlay`]).
+    pub fn delete(&mut self, store: StoreIndex, key: Vec<u8>) {
+        self.overlay[store].insert(key, None);
+    }
+
+    /// All entries whose key starts with `prefix`, in key order, overlay included.
+    pub fn scan_prefix(&self, store: StoreIndex, prefix: &[u8]) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let iterator = self
+            .db
+            .iterator_cf(self.family(store), IteratorMode::From(prefix, Direction::Forward));
+        for entry in iterator {
+            let (key, value) = entry?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            merged.insert(key.into_vec(), value.into_vec());
+        }
+        for (key, change) in self.overlay[store].range(prefix.to_vec()..) {
+            if !key.starts_with(prefix) {
+                break;
+            }
+            match change {
+                Some(value) => merged.insert(key.clone(), value.clone()),
+                None => merged.remove(key),
+            };
+        }
+        Ok(merged.into_iter().collect())
+    }
+
+    /// Whether any change is waiting to be committed.
+    pub fn has_uncommitted(&self) -> bool {
+        self.overlay.iter().any(|changes| !changes.is_empty())
+    }
+
+    /// The uncommitted changes of `store`, in key order.
+    pub fn uncommitted(&self, store: StoreIndex) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.overlay[store]
+            .iter()
+            .map(|(key, value)| (key.as_slice(), value.as_deref()))
+    }
+
+    /// Number of uncommitted changes across all stores.
+    pub fn uncommitted_len(&self) -> usize {
+        self.overlay.iter().map(BTreeMap::len).sum()
+    }
+
+    /// Applies the overlay to RocksDB in one batch, with the changelog offset
+    /// each changed store has reached, and clears it.
+    pub fn apply_overlay(&mut self, checkpoints: &[(StoreIndex, i64)]) -> anyhow::Result<()> {
+        let mut batch = WriteBatch::default();
+        for (store, changes) in self.overlay.iter().enumerate() {
+            let family = self.family(store);
+            for (key, change) in changes {
+                match change {
+                    Some(value) => batch.put_cf(family, key, value),
+                    None => batch.delete_cf(family, key),
+                }
+            }
+        }
+        let checkpoint_family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
+        for (store, offset) in checkpoints {
+            batch.put_cf(checkpoint_family, self.names[*store].as_bytes(), offset.to_be_bytes());
+        }
+        self.db.write(batch)?;
+        self.discard_overlay();
+        Ok(())
+    }
+
+    /// Drops every uncommitted change: the task is back at its last commit.
+    pub fn discard_overlay(&mut self) {
+        self.overlay.iter_mut().for_each(BTreeMap::clear);
+    }
+
+    /// The last changelog offset applied locally for `store`, if any.
+    pub fn checkpoint(&self, store: StoreIndex) -> anyhow::Result<Option<i64>> {
+        let family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
+        let value = self.db.get_pinned_cf(family, self.names[store].as_bytes())?;
+        Ok(value.and_then(|bytes| bytes.as_ref().try_into().ok().map(i64::from_be_bytes)))
+    }
+
+    /// Writes restored changelog records straight to RocksDB, with the offset
+    /// they reach. Used only while the task is restoring (overlay empty).
+    pub fn write_restored(
+        &mut self,
+        store: StoreIndex,
+        records: &[(Vec<u8>, Option<Vec<u8>>)],
+        last_offset: i64,
+    ) -> anyhow::Result<()> {
+        let family = self.family(store);
+        let mut batch = WriteBatch::default();
+        for (key, value) in records {
+            match value {
+                Some(value) => batch.put_cf(family, key, value),
+                None => batch.delete_cf(family, key),
+            }
+        }
+        let checkpoint_family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
+        batch.put_cf(checkpoint_family, self.names[store].as_bytes(), last_offset.to_be_bytes());
+        self.db.write(batch)?;
+        Ok(())
+    }
+
+    /// Estimated number of committed keys in `store`.
+    pub fn estimated_keys(&self, store: StoreIndex) -> u64 {
+        self.db
+            .property_int_value_cf(self.family(store), "rocksdb.estimate-num-keys")
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+
+    /// Estimated bytes of committed data across all stores.
+    pub fn estimated_bytes(&self) -> u64 {
+        (0..self.names.len())
+            .map(|store| {
+                let family = self.family(store);
+                let live = self
+                    .db
+                    .property_int_value_cf(family, "rocksdb.estimate-live-data-size")
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0);
+                let memtables = self
+                    .db
+                    .property_int_value_cf(family, "rocksdb.cur-size-all-mem-tables")
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0);
+                live + memtables
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_store(names: &[&str]) -> (TaskStore, PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "task-store-test-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let store = TaskStore::open(&dir, &names, &StateResources::new(8 << 20)).unwrap();
+        (store, dir)
+    }
+
+    #[test]
+    fn overlay_shadows_rocksdb_until_applied_or_discarded() {
+        let (mut store, dir) = temp_store(&["a"]);
+        store.put(0, b"k".to_vec(), b"1".to_vec());
+        store.apply_overlay(&[(0, 7)]).unwrap();
+        store.put(0, b"k".to_vec(), b"2".to_vec());
+        assert_eq!(store.read(0, b"k", |v| v.to_vec()).unwrap(), Some(b"2".to_vec()));
+        store.discard_overlay();
+        assert_eq!(store.read(0, b"k", |v| v.to_vec()).unwrap(), Some(b"1".to_vec()));
+        store.delete(0, b"k".to_vec());
+        assert_eq!(store.read(0, b"k", |v| v.to_vec()).unwrap(), None);
+        assert_eq!(store.checkpoint(0).unwrap(), Some(7));
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn scans_merge_overlay_and_committed_entries_in_order() {
+        let (mut store, dir) = temp_store(&["m"]);
+        store.put(0, b"p1".to_vec(), b"a".to_vec());
+        store.put(0, b"p3".to_vec(), b"c".to_vec());
+        store.put(0, b"q1".to_vec(), b"x".to_vec());
+        store.apply_overlay(&[]).unwrap();
+        store.put(0, b"p2".to_vec(), b"b".to_vec());
+        store.delete(0, b"p3".to_vec());
+        let keys: Vec<_> = store
+            .scan_prefix(0, b"p")
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| String::from_utf8(k).unwrap())
+            .collect();
+        assert_eq!(keys, ["p1", "p2"]);
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

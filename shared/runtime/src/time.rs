@@ -1,0 +1,301 @@
+//! Event time: watermarks per input partition and per task, and timers.
+//!
+//! The rules are SPEC.md's "Common rules": a partition's watermark is its
+//! largest event time minus the allowed out-of-orderness; a task's watermark is
+//! the minimum over its partitions (a partition that has delivered nothing holds
+//! it at minus infinity) and never goes backwards. A repartitioned input's
+//! watermark is the minimum of what every upstream task has announced.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
+
+/// The watermark before anything has been seen: minus infinity.
+pub const NO_WATERMARK: i64 = i64::MIN;
+
+/// Where one input partition's event time comes from.
+#[derive(Debug, Clone)]
+pub enum PartitionClock {
+    /// A source topic partition: the largest event time seen so far.
+    Direct {
+        max_event_time: Option<i64>,
+    },
+    /// A repartition topic partition: the watermark each upstream task
+    /// announced, by upstream partition.
+    Repartitioned {
+        upstream: Vec<Option<i64>>,
+    },
+}
+
+/// Event-time progress of one input partition of a task.
+#[derive(Debug, Clone)]
+pub struct InputClock {
+    pub clock: PartitionClock,
+    /// Wall-clock time of the last record, for idle detection.
+    last_activity: Instant,
+}
+
+impl InputClock {
+    /// A direct input partition that has seen nothing yet.
+    pub fn direct() -> Self {
+        InputClock {
+            clock: PartitionClock::Direct {
+                max_event_time: None,
+            },
+            last_activity: Instant::now(),
+        }
+    }
+
+    /// A repartitioned input fed by `upstream_partitions` upstream tasks.
+    pub fn repartitioned(upstream_partitions: usize) -> Self {
+        InputClock {
+            clock: PartitionClock::Repartitioned {
+                upstream: vec![None; upstream_partitions],
+            },
+            last_activity: Instant::now(),
+        }
+    }
+
+    /// Notes a record with `event_time` (direct inputs only track it).
+    pub fn observe(&mut self, event_time: i64, now: Instant) {
+        self.last_activity = now;
+        if let PartitionClock::Direct { max_event_time } = &mut self.clock {
+            *max_event_time = Some(max_event_time.map_or(event_time, |m| m.max(event_time)));
+        }
+    }
+
+    /// Notes a watermark announced by upstream task `source`.
+    pub fn announce(&mut self, source: usize, watermark: i64, now: Instant) {
+        self.last_activity = now;
+        if let PartitionClock::Repartitioned { upstream } = &mut self.clock {
+            if let Some(slot) = upstream.get_mut(source) {
+                *slot = Some(slot.map_or(watermark, |w| w.max(watermark)));
+            }
+        }
+    }
+
+    /// This partition's watermark, ignoring idleness.
+    pub fn watermark(&self, max_out_of_orderness: i64) -> i64 {
+        match &self.clock {
+            PartitionClock::Direct { max_event_time } => max_event_time
+                .map_or(NO_WATERMARK, |m| m.saturating_sub(max_out_of_orderness)),
+            PartitionClock::Repartitioned { upstream } => upstream
+                .iter()
+                .map(|w| w.unwrap_or(NO_WATERMARK))
+                .min()
+                .unwrap_or(NO_WATERMARK),
+        }
+    }
+
+    /// How long this partition has delivered nothing.
+    pub fn quiet_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.last_activity)
+    }
+}
+
+/// Computes a task's watermark from its input partitions.
+///
+/// With an idle timeout, a partition quiet for longer stops holding the
+/// watermark back; when it is the task's only input, its watermark moves on with
+/// the wall-clock time elapsed since its last record.
+pub fn task_watermark(
+    inputs: &[InputClock],
+    max_out_of_orderness: i64,
+    idle_timeout: Option<Duration>,
+    now: Instant,
+) -> Option<i64> {
+    let Some(idle_timeout) = idle_timeout else {
+        return inputs.iter().map(|i| i.watermark(max_out_of_orderness)).min();
+    };
+    if let [only] = inputs {
+        let base = only.watermark(max_out_of_orderness);
+        let quiet = only.quiet_for(now);
+        if base != NO_WATERMARK && quiet >= idle_timeout {
+            let elapsed = i64::try_from(quiet.as_millis()).unwrap_or(i64::MAX);
+            return Some(base.saturating_add(elapsed));
+        }
+        return Some(base);
+    }
+    inputs
+        .iter()
+        .filter(|i| i.quiet_for(now) < idle_timeout)
+        .map(|i| i.watermark(max_out_of_orderness))
+        .min()
+}
+
+/// One pending timer: a name per key, at an event time.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TimerEntry {
+    pub time: i64,
+    pub key: String,
+    pub name: String,
+}
+
+impl TimerEntry {
+    /// The state-store key of this timer: time first, so a scan is time-ordered.
+    pub fn store_key(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 4 + self.key.len() + self.name.len());
+        out.extend_from_slice(&i64_to_ordered_bytes(self.time));
+        out.extend_from_slice(&(self.key.len() as u32).to_be_bytes());
+        out.extend_from_slice(self.key.as_bytes());
+        out.extend_from_slice(self.name.as_bytes());
+        out
+    }
+
+    /// Inverse of [`TimerEntry::store_key`].
+    pub fn from_store_key(bytes: &[u8]) -> anyhow::Result<Self> {
+        anyhow::ensure!(bytes.len() >= 12, "timer key too short");
+        let time = i64_from_ordered_bytes(bytes[..8].try_into()?);
+        let key_len = u32::from_be_bytes(bytes[8..12].try_into()?) as usize;
+        anyhow::ensure!(bytes.len() >= 12 + key_len, "timer key truncated");
+        let key = std::str::from_utf8(&bytes[12..12 + key_len])?.to_string();
+        let name = std::str::from_utf8(&bytes[12 + key_len..])?.to_string();
+        Ok(TimerEntry { time, key, name })
+    }
+}
+
+/// The pending timers of one task, in time order, with one timer per key and
+/// name. Persisted through the task's timer store by the caller; this is the
+/// in-memory index that makes "next due timer" a constant-time lookup.
+#[derive(Debug, Default)]
+pub struct TimerQueue {
+    by_time: BTreeSet<TimerEntry>,
+    by_key: HashMap<(String, String), i64>,
+}
+
+impl TimerQueue {
+    /// Adds a timer loaded from the store.
+    pub fn load(&mut self, entry: TimerEntry) {
+        self.by_key
+            .insert((entry.key.clone(), entry.name.clone()), entry.time);
+        self.by_time.insert(entry);
+    }
+
+    /// The time of the timer `name` of `key`, if one is set.
+    pub fn get(&self, key: &str, name: &str) -> Option<i64> {
+        // Avoids allocating a lookup key on the hot path for absent keys.
+        if self.by_key.is_empty() {
+            return None;
+        }
+        self.by_key.get(&(key.to_string(), name.to_string())).copied()
+    }
+
+    /// Sets timer `name` of `key` to `time`, returning the entry it replaced.
+    pub fn set(&mut self, key: &str, name: &str, time: i64) -> Option<TimerEntry> {
+        let previous = self.remove(key, name);
+        self.load(TimerEntry {
+            time,
+            key: key.to_string(),
+            name: name.to_string(),
+        });
+        previous
+    }
+
+    /// Removes timer `name` of `key`, returning it.
+    pub fn remove(&mut self, key: &str, name: &str) -> Option<TimerEntry> {
+        let time = self.by_key.remove(&(key.to_string(), name.to_string()))?;
+        let entry = TimerEntry {
+            time,
+            key: key.to_string(),
+            name: name.to_string(),
+        };
+        self.by_time.remove(&entry);
+        Some(entry)
+    }
+
+    /// Removes and returns the earliest timer due at `watermark` (time <= watermark).
+    pub fn pop_due(&mut self, watermark: i64) -> Option<TimerEntry> {
+        let first = self.by_time.first()?;
+        if first.time > watermark {
+            return None;
+        }
+        let entry = self.by_time.pop_first()?;
+        self.by_key.remove(&(entry.key.clone(), entry.name.clone()));
+        Some(entry)
+    }
+
+    /// Number of pending timers.
+    pub fn len(&self) -> usize {
+        self.by_time.len()
+    }
+
+    /// Whether no timer is pending.
+    pub fn is_empty(&self) -> bool {
+        self.by_time.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_watermark_is_the_minimum_and_waits_for_every_input() {
+        let now = Instant::now();
+        let mut a = InputClock::direct();
+        let b = InputClock::direct();
+        a.observe(10_000, now);
+        assert_eq!(task_watermark(&[a.clone(), b.clone()], 0, None, now), Some(NO_WATERMARK));
+        let mut b = b;
+        b.observe(4_000, now);
+        assert_eq!(task_watermark(&[a.clone(), b.clone()], 1_000, None, now), Some(3_000));
+    }
+
+    #[test]
+    fn repartitioned_inputs_wait_for_every_upstream_task() {
+        let now = Instant::now();
+        let mut input = InputClock::repartitioned(2);
+        input.announce(0, 500, now);
+        assert_eq!(input.watermark(0), NO_WATERMARK);
+        input.announce(1, 300, now);
+        assert_eq!(input.watermark(0), 300);
+        input.announce(1, 100, now);
+        assert_eq!(input.watermark(0), 300, "announcements never move back");
+    }
+
+    #[test]
+    fn an_idle_single_input_follows_wall_clock() {
+        let start = Instant::now();
+        let mut input = InputClock::direct();
+        input.observe(1_000, start);
+        let later = start + Duration::from_secs(5);
+        let wm = task_watermark(&[input.clone()], 0, Some(Duration::from_secs(2)), later).unwrap();
+        assert_eq!(wm, 6_000);
+        let soon = start + Duration::from_secs(1);
+        assert_eq!(task_watermark(&[input], 0, Some(Duration::from_secs(2)), soon), Some(1_000));
+    }
+
+    #[test]
+    fn an_idle_input_stops_holding_back_the_others() {
+        let start = Instant::now();
+        let mut quiet = InputClock::direct();
+        quiet.observe(1_000, start);
+        let mut busy = InputClock::direct();
+        let later = start + Duration::from_secs(5);
+        busy.observe(9_000, later);
+        let wm = task_watermark(&[quiet, busy], 0, Some(Duration::from_secs(2)), later);
+        assert_eq!(wm, Some(9_000));
+    }
+
+    #[test]
+    fn timers_pop_in_time_order_and_replace_by_name() {
+        let mut timers = TimerQueue::default();
+        timers.set("bob", "inactivity", 300);
+        timers.set("amy", "inactivity", 100);
+        timers.set("bob", "inactivity", 200);
+        assert_eq!(timers.len(), 2);
+        assert_eq!(timers.pop_due(150).unwrap().key, "amy");
+        assert!(timers.pop_due(150).is_none());
+        assert_eq!(timers.pop_due(200).unwrap().time, 200);
+        assert!(timers.is_empty());
+    }
+
+    #[test]
+    fn timer_store_keys_sort_by_time_even_before_the_epoch() {
+        let early = TimerEntry { time: -5, key: "z".into(), name: "t".into() };
+        let late = TimerEntry { time: 7, key: "a".into(), name: "t".into() };
+        assert!(early.store_key() < late.store_key());
+        assert_eq!(TimerEntry::from_store_key(&late.store_key()).unwrap(), late);
+    }
+}

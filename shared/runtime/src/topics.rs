@@ -1,0 +1,189 @@
+//! Topic administration at startup: is the broker there, do the inputs exist
+//! and agree on partition counts, and are the internal topics in place.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::ClientConfig;
+
+/// How long a metadata request waits for the broker.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One partition as `describe` reports it.
+#[derive(Debug, Clone)]
+pub struct PartitionInfo {
+    pub id: i32,
+    pub leader: i32,
+    pub replicas: Vec<i32>,
+    pub low: i64,
+    pub high: i64,
+}
+
+/// Admin operations on one cluster.
+pub struct Admin {
+    admin: AdminClient<DefaultClientContext>,
+    metadata: BaseConsumer,
+    bootstrap: String,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Admin {
+    /// Connects, and fails with a clear message if the broker does not answer
+    /// within `timeout`.
+    pub fn connect(config: &ClientConfig, runtime: tokio::runtime::Handle, timeout: Duration) -> anyhow::Result<Self> {
+        let bootstrap = config.get("bootstrap.servers").unwrap_or("?").to_string();
+        let admin: AdminClient<DefaultClientContext> = config
+            .create()
+            .map_err(|e| anyhow::anyhow!("invalid Kafka client settings: {e}"))?;
+        let metadata: BaseConsumer = config
+            .create()
+            .map_err(|e| anyhow::anyhow!("invalid Kafka client settings: {e}"))?;
+        metadata.fetch_metadata(None, timeout).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach Kafka at {bootstrap} within {}s ({e}); is the broker running? (--bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS)",
+                timeout.as_secs_f32()
+            )
+        })?;
+        Ok(Admin {
+            admin,
+            metadata,
+            bootstrap,
+            runtime,
+        })
+    }
+
+    /// Names of all topics, internal ones (`__*`) excluded, sorted.
+    pub fn list(&self) -> anyhow::Result<Vec<String>> {
+        let metadata = self
+            .metadata
+            .fetch_metadata(None, METADATA_TIMEOUT)
+            .map_err(|e| anyhow::anyhow!("cannot list topics on {}: {e}", self.bootstrap))?;
+        let mut names: Vec<String> = metadata
+            .topics()
+            .iter()
+            .map(|t| t.name().to_string())
+            .filter(|name| !name.starts_with("__"))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Partitions of `topic` with their leader, replicas and offset range.
+    pub fn describe(&self, topic: &str) -> anyhow::Result<Vec<PartitionInfo>> {
+        let metadata = self
+            .metadata
+            .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+            .map_err(|e| anyhow::anyhow!("cannot describe topic {topic} on {}: {e}", self.bootstrap))?;
+        let found = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+            .ok_or_else(|| anyhow::anyhow!("topic {topic} does not exist"))?;
+        let mut partitions = Vec::new();
+        for partition in found.partitions() {
+            let (low, high) = self
+                .metadata
+                .fetch_watermarks(topic, partition.id(), METADATA_TIMEOUT)
+                .map_err(|e| anyhow::anyhow!("cannot read offsets of {topic}-{}: {e}", partition.id()))?;
+            partitions.push(PartitionInfo {
+                id: partition.id(),
+                leader: partition.leader(),
+                replicas: partition.replicas().to_vec(),
+                low,
+                high,
+            });
+        }
+        partitions.sort_by_key(|p| p.id);
+        Ok(partitions)
+    }
+
+    /// Partition count of `topic`, or `None` if it does not exist.
+    pub fn partition_count(&self, topic: &str) -> anyhow::Result<Option<usize>> {
+        let metadata = self
+            .metadata
+            .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+            .map_err(|e| anyhow::anyhow!("cannot describe topic {topic} on {}: {e}", self.bootstrap))?;
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(None);
+        };
+        match found.error() {
+            None if !found.partitions().is_empty() => Ok(Some(found.partitions().len())),
+            None => Ok(None),
+            Some(code) if code == RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART => Ok(None),
+            Some(code) if code == RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE => Ok(None),
+            Some(code) => anyhow::bail!("topic {topic}: {}", RDKafkaErrorCode::from(code)),
+        }
+    }
+
+    /// Waits up to `wait` for every topic to exist; returns their partition counts.
+    pub fn wait_for_topics(&self, topics: &[&str], wait: Duration) -> anyhow::Result<HashMap<String, usize>> {
+        let deadline = Instant::now() + wait;
+        let mut last_log = Instant::now();
+        loop {
+            let mut counts = HashMap::new();
+            let mut missing = Vec::new();
+            for topic in topics {
+                match self.partition_count(topic)? {
+                    Some(count) => {
+                        counts.insert(topic.to_string(), count);
+                    }
+                    None => missing.push(*topic),
+                }
+            }
+            if missing.is_empty() {
+                return Ok(counts);
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "input topic(s) {} do not exist on {} (waited {}s; create them or set --topic-wait)",
+                    missing.join(", "),
+                    self.bootstrap,
+                    wait.as_secs()
+                );
+            }
+            if last_log.elapsed() >= Duration::from_secs(10) {
+                tracing::warn!(missing = %missing.join(", "), "waiting for input topics to be created");
+                last_log = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Creates `topic` with `partitions` and `configs` unless it exists;
+    /// returns its partition count.
+    pub fn ensure_topic(&self, topic: &str, partitions: usize, configs: &[(&str, &str)]) -> anyhow::Result<usize> {
+        if let Some(count) = self.partition_count(topic)? {
+            return Ok(count);
+        }
+        let mut new_topic = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(-1));
+        for (key, value) in configs {
+            new_topic = new_topic.set(key, value);
+        }
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let results = self
+            .runtime
+            .block_on(self.admin.create_topics([&new_topic], &options))
+            .map_err(|e| anyhow::anyhow!("cannot create topic {topic}: {e}"))?;
+        for result in results {
+            match result {
+                Ok(_) => tracing::info!(topic, partitions, "created topic"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => anyhow::bail!("cannot create topic {name}: {code}"),
+            }
+        }
+        // Metadata can lag a fresh creation briefly.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(count) = self.partition_count(topic)? {
+                return Ok(count);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "topic {topic} was created but does not appear in metadata");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

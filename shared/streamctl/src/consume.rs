@@ -1,0 +1,150 @@
+//! `streamctl consume`: Avro records out of a topic, as JSON lines or a table.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use apache_avro::types::Value;
+use apache_avro::reader::datum::GenericDatumReader;
+use clap::Args;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use streams_runtime::avro::{split_wire_format, Registry};
+use streams_runtime::HumanDuration;
+
+use crate::json::{format_line, write_value};
+use crate::{table, Connection, Format};
+
+#[derive(Args)]
+pub struct ConsumeArgs {
+    /// Topic to read.
+    #[arg(long)]
+    topic: String,
+    /// Start at the earliest offset instead of the end.
+    #[arg(long)]
+    from_beginning: bool,
+    /// Exit after no record arrived for this long.
+    #[arg(long)]
+    idle_exit: Option<HumanDuration>,
+    /// Exit after this many records.
+    #[arg(long)]
+    max: Option<usize>,
+    /// Output format; `table` prints once the command exits.
+    #[arg(long, value_enum, default_value = "jsonl")]
+    format: Format,
+    /// Also show records of open or aborted transactions.
+    #[arg(long)]
+    read_uncommitted: bool,
+    /// Add the record headers to each JSON line.
+    #[arg(long)]
+    headers: bool,
+}
+
+/// Decodes values with their writer schema, caching a reader per schema id.
+struct ValueDecoder {
+    registry: Registry,
+    readers: HashMap<u32, GenericDatumReader<'static>>,
+}
+
+impl ValueDecoder {
+    fn decode(&mut self, bytes: &[u8]) -> anyhow::Result<Value> {
+        let (id, mut datum) = split_wire_format(bytes)?;
+        if !self.readers.contains_key(&id) {
+            let schema = self.registry.schema_by_id(id)?;
+            let reader = GenericDatumReader::builder(schema)
+                .build()
+                .map_err(|e| anyhow::anyhow!("schema id {id}: {e}"))?;
+            self.readers.insert(id, reader);
+        }
+        self.readers[&id]
+            .read_value(&mut datum)
+            .map_err(|e| anyhow::anyhow!("Avro: {e}"))
+    }
+}
+
+pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
+    let admin = connection.admin()?;
+    let partitions = admin
+        .partition_count(&args.topic)?
+        .ok_or_else(|| anyhow::anyhow!("topic {} does not exist", args.topic))?;
+    let mut config = connection.config.clone();
+    config
+        .set("group.id", "streamctl")
+        .set("enable.auto.commit", "false")
+        .set(
+            "isolation.level",
+            if args.read_uncommitted { "read_uncommitted" } else { "read_committed" },
+        );
+    let consumer: BaseConsumer = config.create()?;
+    let start = if args.from_beginning { Offset::Beginning } else { Offset::End };
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..partitions {
+        assignment.add_partition_offset(&args.topic, partition as i32, start)?;
+    }
+    consumer.assign(&assignment)?;
+
+    let mut decoder = ValueDecoder {
+        registry: connection.registry()?,
+        readers: HashMap::new(),
+    };
+    let mut rows: Vec<(Option<String>, Value)> = Vec::new();
+    let mut seen = 0usize;
+    let mut last_record = Instant::now();
+    loop {
+        if args.max.is_some_and(|max| seen >= max) {
+            break;
+        }
+        if args.idle_exit.is_some_and(|idle| last_record.elapsed() >= idle.as_std()) {
+            break;
+        }
+        let Some(polled) = consumer.poll(Duration::from_millis(100)) else { continue };
+        let message = polled.map_err(|e| anyhow::anyhow!("consuming {}: {e}", args.topic))?;
+        last_record = Instant::now();
+        seen += 1;
+        let key = message.key().map(|k| String::from_utf8_lossy(k).into_owned());
+        let decoded = match message.payload() {
+            Some(payload) => decoder.decode(payload),
+            None => Ok(Value::Null),
+        };
+        match args.format {
+            Format::Table => match decoded {
+                Ok(value) => rows.push((key, value)),
+                Err(error) => eprintln!("offset {}: undecodable value: {error}", message.offset()),
+            },
+            Format::Jsonl => {
+                let mut line = match &decoded {
+                    Ok(value) => format_line(key.as_deref(), value),
+                    Err(error) => {
+                        let raw = String::from_utf8_lossy(message.payload().unwrap_or_default());
+                        let mut line = format_line(key.as_deref(), &Value::Null);
+                        line.pop();
+                        line.push_str(&format!(
+                            ", \"undecodable\": {}, \"raw\": {}}}",
+                            serde_json::Value::String(error.to_string()),
+                            serde_json::Value::String(raw.into_owned())
+                        ));
+                        line
+                    }
+                };
+                if args.headers {
+                    line.pop();
+                    let mut fields = Vec::new();
+                    if let Some(headers) = message.headers() {
+                        for header in headers.iter() {
+                            let value = header.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                            let mut text = String::new();
+                            write_value(&mut text, &value.map_or(Value::Null, Value::String));
+                            fields.push(format!("{}: {text}", serde_json::Value::String(header.key.to_string())));
+                        }
+                    }
+                    line.push_str(&format!(", \"headers\": {{{}}}}}", fields.join(", ")));
+                }
+                println!("{line}");
+            }
+        }
+    }
+    if args.format == Format::Table {
+        print!("{}", table::render(&rows));
+    }
+    Ok(())
+}

@@ -1,0 +1,363 @@
+//! Test harness for end-to-end tests against the real local stack.
+//!
+//! The tests drive the project's binaries as a user would: `streamctl` to
+//! create topics, produce and consume, and the service binaries as child
+//! processes. Every test uses its own topics, application id, state directory
+//! and HTTP port, so tests run in parallel against one broker.
+//!
+//! The stack is found through `KAFKA_BOOTSTRAP_SERVERS` and
+//! `SCHEMA_REGISTRY_URL` (default: the local stack of `make up`).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub use serde_json::json;
+
+/// Kafka bootstrap servers of the stack under test.
+pub fn bootstrap() -> String {
+    std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// Schema registry URL of the stack under test.
+pub fn registry() -> String {
+    std::env::var("SCHEMA_REGISTRY_URL").unwrap_or_else(|_| "http://127.0.0.1:8081".into())
+}
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// `../shared/fixtures` beside the checkout (or `FIXTURES_DIR`).
+pub fn fixtures_dir() -> PathBuf {
+    std::env::var_os("FIXTURES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("../shared/fixtures"))
+}
+
+/// The `.avsc` file of a project topic.
+pub fn schema(topic: &str) -> PathBuf {
+    workspace().join("shared/schemas/avro").join(format!("{topic}.avsc"))
+}
+
+/// A built binary of the workspace (`cargo build --bins` puts them beside the
+/// test executables' `deps/` directory).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target profile directory");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is not built; run `cargo build --bins` first (make test does)", path.display());
+    path
+}
+
+/// A name no other test (or run) uses.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}-{}-{}-{:04x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        rand::random::<u16>()
+    )
+}
+
+/// A TCP port free right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Runs `streamctl` with the stack's addresses.
+pub fn streamctl(args: &[&str]) -> Output {
+    Command::new(bin("streamctl"))
+        .args(args)
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .env("SCHEMA_REGISTRY_URL", registry())
+        .output()
+        .expect("run streamctl")
+}
+
+/// Runs `streamctl` and fails the test with its stderr if it fails.
+pub fn streamctl_ok(args: &[&str]) -> String {
+    let output = streamctl(args);
+    assert!(
+        output.status.success(),
+        "streamctl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Creates a topic.
+pub fn create_topic(topic: &str, partitions: usize) {
+    streamctl_ok(&["topics", "create", topic, "--partitions", &partitions.to_string()]);
+}
+
+/// Writes JSON lines to a temporary file.
+pub fn write_jsonl(lines: &[Value]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("lines")));
+    let mut file = std::fs::File::create(&path).unwrap();
+    for line in lines {
+        writeln!(file, "{line}").unwrap();
+    }
+    path
+}
+
+/// Produces `lines` (`{"key", "value"}`) to `topic` with the schema of `schema_topic`.
+pub fn produce(topic: &str, schema_topic: &str, lines: &[Value]) {
+    let file = write_jsonl(lines);
+    produce_file(topic, schema_topic, &file);
+    let _ = std::fs::remove_file(file);
+}
+
+/// Produces a JSON lines file to `topic` with the schema of `schema_topic`.
+pub fn produce_file(topic: &str, schema_topic: &str, file: &Path) {
+    streamctl_ok(&[
+        "produce",
+        "--topic",
+        topic,
+        "--schema",
+        schema(schema_topic).to_str().unwrap(),
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+}
+
+/// Parses JSON lines.
+pub fn parse_jsonl(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l}: {e}")))
+        .collect()
+}
+
+/// Reads a fixture file.
+pub fn fixture(relative: &str) -> Vec<Value> {
+    let path = fixtures_dir().join(relative);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    parse_jsonl(&text)
+}
+
+/// Everything committed on `topic` so far.
+pub fn consume_all(topic: &str) -> Vec<Value> {
+    parse_jsonl(&streamctl_ok(&["consume", "--topic", topic, "--from-beginning", "--idle-exit", "2s"]))
+}
+
+/// Waits until `topic` holds at least `count` records (or `timeout` passes),
+/// then, to catch extra rows, waits a little longer; returns all of them.
+pub fn wait_for_records(topic: &str, count: usize, timeout: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let records = consume_all(topic);
+        if records.len() >= count || Instant::now() >= deadline {
+            std::thread::sleep(Duration::from_millis(1500));
+            return consume_all(topic);
+        }
+    }
+}
+
+/// Sorts records by their JSON text, for order-insensitive comparison.
+pub fn sorted(mut records: Vec<Value>) -> Vec<Value> {
+    records.sort_by_key(|r| r.to_string());
+    records
+}
+
+/// A running service binary, killed when dropped.
+pub struct Service {
+    child: Child,
+    pub http_port: u16,
+    pub state_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Service {
+    /// Starts `binary` with `args`, a fresh state directory and HTTP port.
+    pub fn start(binary: &str, args: &[String]) -> Service {
+        let state_dir = std::env::temp_dir().join(unique("state"));
+        Self::start_with_state(binary, args, state_dir)
+    }
+
+    /// Starts `binary` with `args` on an existing state directory.
+    pub fn start_with_state(binary: &str, args: &[String], state_dir: PathBuf) -> Service {
+        let http_port = free_port();
+        let log = std::env::temp_dir().join(format!("{}.log", unique(binary)));
+        let log_file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(bin(binary))
+            .args(args)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .arg("--http-addr")
+            .arg(format!("127.0.0.1:{http_port}"))
+            .arg("--commit-interval")
+            .arg("100ms")
+            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+            .env("SCHEMA_REGISTRY_URL", registry())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("start service");
+        Service {
+            child,
+            http_port,
+            state_dir,
+            log,
+        }
+    }
+
+    /// The service's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fetches `/metrics`.
+    pub fn metrics(&self) -> String {
+        http_get(self.http_port, "/metrics").unwrap_or_default()
+    }
+
+    /// The value of one metric series (`name{labels}` exactly as rendered), or 0.
+    pub fn metric(&self, series: &str) -> f64 {
+        metric_value(&self.metrics(), series)
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub fn wait_ready(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if http_get(self.http_port, "/readyz").is_some_and(|body| body.starts_with("ready")) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("service not ready after {timeout:?}; log:\n{}", self.log());
+    }
+
+    /// Stops gracefully (SIGTERM) and returns the exit status.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                return self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills the process at once (SIGKILL), as a crash would.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit on its own, up to `timeout`.
+    pub fn wait_exit(mut self, timeout: Duration) -> Option<(std::process::ExitStatus, String)> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some((status, self.log()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP GET; `None` when nothing answers or the status is not 200.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// The value of `series` in a Prometheus text exposition, or 0.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter_map(|line| line.rsplit_once(' '))
+        .find(|(name, _)| *name == series)
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Polls `condition` until it holds or `timeout` passes.
+pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    condition()
+}
+
+/// Kafka's murmur2 partitioner (the Java client's `Utils.murmur2` and
+/// `toPositive`), to know which partition a key lands in.
+pub fn murmur2_partition(key: &[u8], partitions: usize) -> usize {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    let length = key.len();
+    let mut h = SEED ^ length as u32;
+    let chunks = key.chunks_exact(4);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    if tail.len() >= 3 {
+        h ^= u32::from(tail[2]) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= u32::from(tail[1]) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= u32::from(tail[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    ((h & 0x7fff_ffff) as usize) % partitions
+}
+
+/// Arguments as owned strings, for [`Service::start`].
+pub fn args(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn murmur2_matches_the_java_client() {
+        // Values from Kafka's own partitioner tests (Utils.murmur2 of "21").
+        assert_eq!(murmur2_partition(b"21", 1), 0);
+        let h = |key: &[u8]| murmur2_partition(key, i32::MAX as usize);
+        assert_eq!(h(b"21"), (-973_932_308i32 & 0x7fff_ffff) as usize);
+        assert_eq!(h(b"abc"), (479_470_107i32 & 0x7fff_ffff) as usize);
+    }
+}

@@ -1,0 +1,233 @@
+//! sessionizer end to end, and the runtime behaviours it makes visible
+//! (timers, order of work, lateness, dead letters, stored watermarks).
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use e2e_tests::*;
+use rand::Rng;
+use serde_json::Value;
+
+struct Topics {
+    input: String,
+    output: String,
+    application_id: String,
+}
+
+fn topics(partitions: usize) -> Topics {
+    let topics = Topics {
+        input: unique("user-events"),
+        output: unique("user-sessions"),
+        application_id: unique("sessionizer"),
+    };
+    create_topic(&topics.input, partitions);
+    topics
+}
+
+fn service_args(topics: &Topics, extra: &[&str]) -> Vec<String> {
+    let mut arguments = args(&[
+        "--input-topic",
+        &topics.input,
+        "--output-topic",
+        &topics.output,
+        "--application-id",
+        &topics.application_id,
+    ]);
+    arguments.extend(args(extra));
+    arguments
+}
+
+fn start(topics: &Topics, extra: &[&str]) -> Service {
+    Service::start("sessionizer", &service_args(topics, extra))
+}
+
+fn event(user: &str, kind: &str, time: i64) -> Value {
+    json!({"key": user, "value": {"user_id": user, "event_type": kind, "event_time": time}})
+}
+
+fn session(user: &str, status: &str, events: &[&str], start: i64, end: i64) -> Value {
+    json!({"key": user, "value": {"user_id": user, "status": status, "duration_millis": end - start,
+        "event_count": events.len(), "event_sequence": events.join(" > "),
+        "session_start": start, "session_end": end}})
+}
+
+const T: i64 = 1_783_345_153_000;
+
+#[test]
+fn fixture_gives_bobs_timeout() {
+    let topics = topics(1);
+    let service = start(&topics, &[]);
+    produce(&topics.input, "user-events", &fixture("sessionizer/user-events.jsonl"));
+    let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
+    assert_eq!(output, fixture("sessionizer/user-sessions.expected.jsonl"), "log:\n{}", service.log());
+}
+
+#[test]
+fn logout_completes_the_session_at_once() {
+    let topics = topics(1);
+    let service = start(&topics, &[]);
+    produce(&topics.input, "user-events", &[event("amy", "LOGIN", T), event("amy", "VIEW", T + 1_000), event("amy", "LOGOUT", T + 5_000)]);
+    let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
+    assert_eq!(output, vec![session("amy", "COMPLETED", &["LOGIN", "VIEW", "LOGOUT"], T, T + 5_000)], "log:\n{}", service.log());
+}
+
+#[test]
+fn timers_fire_when_the_watermark_reaches_them_and_not_before() {
+    let topics = topics(1);
+    let service = start(&topics, &[]);
+    produce(&topics.input, "user-events", &[event("bob", "LOGIN", T), event("cat", "LOGIN", T + 29_999)]);
+    service.wait_ready(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(consume_all(&topics.output).is_empty(), "the watermark is 1 ms short of bob's timer");
+    produce(&topics.input, "user-events", &[event("cat", "VIEW", T + 30_000)]);
+    let output = wait_for_records(&topics.output, 1, Duration::from_secs(30));
+    assert_eq!(output, vec![session("bob", "TIMEOUT", &["LOGIN"], T, T + 30_000)]);
+}
+
+#[test]
+fn a_record_after_a_deadline_sees_the_timeout_then_starts_a_new_session() {
+    let topics = topics(1);
+    let service = start(&topics, &[]);
+    produce(
+        &topics.input,
+        "user-events",
+        &[
+            event("dan", "LOGIN", T),
+            event("dan", "SEARCH", T + 10_000),
+            event("dan", "VIEW", T + 40_000),
+            event("dan", "LOGOUT", T + 45_000),
+        ],
+    );
+    let output = wait_for_records(&topics.output, 2, Duration::from_secs(60));
+    assert_eq!(
+        output,
+        vec![
+            session("dan", "TIMEOUT", &["LOGIN", "SEARCH"], T, T + 40_000),
+            session("dan", "COMPLETED", &["VIEW", "LOGOUT"], T + 40_000, T + 45_000),
+        ],
+        "log:\n{}",
+        service.log()
+    );
+}
+
+/// SPEC's sessions for one user's time-ordered events, given that a later
+/// event at or after the inactivity deadline sees the timeout first.
+fn model_sessions(user: &str, events: &[(i64, &str)], timeout: i64) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut open: Option<(i64, i64, Vec<&str>)> = None;
+    for (time, kind) in events {
+        if let Some((start, latest, kinds)) = open.take() {
+            if *time >= latest + timeout {
+                out.push(session(user, "TIMEOUT", &kinds, start, latest + timeout));
+            } else {
+                open = Some((start, latest, kinds));
+            }
+        }
+        let (start, latest, mut kinds) = open.take().unwrap_or((*time, *time, Vec::new()));
+        kinds.push(kind);
+        if *kind == "LOGOUT" {
+            out.push(session(user, "COMPLETED", &kinds, start, *time));
+        } else {
+            open = Some((start.min(*time), latest.max(*time), kinds));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_thousand_users_over_four_partitions_match_a_model_of_the_spec() {
+    let mut rng = rand::rng();
+    let kinds = ["LOGIN", "VIEW", "SEARCH", "CART", "LOGOUT"];
+    let mut all: Vec<(i64, String, &str)> = Vec::new();
+    let mut per_user: HashMap<String, Vec<(i64, &str)>> = HashMap::new();
+    for u in 0..1000 {
+        let user = format!("user-{u}");
+        let mut time = T + rng.random_range(0..60_000);
+        for _ in 0..rng.random_range(1..8) {
+            let kind = kinds[rng.random_range(0..kinds.len())];
+            per_user.entry(user.clone()).or_default().push((time, kind));
+            all.push((time, user.clone(), kind));
+            time += if rng.random_bool(0.3) { rng.random_range(30_000..90_000) } else { rng.random_range(0..29_000) };
+        }
+        // A far-future event ends whatever is still open.
+        let end = T + 10_000_000;
+        per_user.get_mut(&user).unwrap().push((end, "LOGIN"));
+        all.push((end, user.clone(), "LOGIN"));
+    }
+    all.sort();
+    let mut expected = Vec::new();
+    for (user, events) in &per_user {
+        expected.extend(model_sessions(user, events, 30_000));
+    }
+    let topics = topics(4);
+    let service = start(&topics, &[]);
+    let lines: Vec<Value> = all.iter().map(|(t, u, k)| event(u, k, *t)).collect();
+    produce(&topics.input, "user-events", &lines);
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
+    assert_eq!(output.len(), expected.len(), "log:\n{}", service.log());
+    assert_eq!(sorted(output), sorted(expected));
+}
+
+#[test]
+fn with_an_idle_timeout_a_quiet_session_times_out_in_wall_clock_time() {
+    let topics = topics(1);
+    let service = start(&topics, &["--idle-timeout", "2s", "--session-timeout", "3s"]);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    produce(&topics.input, "user-events", &[event("eve", "LOGIN", now)]);
+    let output = wait_for_records(&topics.output, 1, Duration::from_secs(20));
+    assert_eq!(output, vec![session("eve", "TIMEOUT", &["LOGIN"], now, now + 3_000)], "log:\n{}", service.log());
+}
+
+#[test]
+fn late_records_are_counted_and_dropped() {
+    let topics = topics(1);
+    let service = start(&topics, &[]);
+    produce(&topics.input, "user-events", &[event("fay", "LOGIN", T + 100_000), event("gus", "LOGOUT", T + 50_000)]);
+    let series = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);
+    assert!(eventually(Duration::from_secs(30), || service.metric(&series) == 1.0), "{}", service.metrics());
+    assert!(consume_all(&topics.output).is_empty(), "gus's late LOGOUT must not be processed");
+}
+
+#[test]
+fn a_poison_pill_goes_to_the_dead_letter_topic_and_good_records_keep_flowing() {
+    let topics = topics(1);
+    let service = start(&topics, &[]);
+    produce(&topics.input, "user-events", &[event("hal", "LOGIN", T)]);
+    let pill = write_jsonl(&[json!({"key": "hal", "value": "this is not avro"})]);
+    streamctl_ok(&["produce", "--topic", &topics.input, "--raw", "--file", pill.to_str().unwrap()]);
+    produce(&topics.input, "user-events", &[event("hal", "LOGOUT", T + 1_000)]);
+    let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
+    assert_eq!(output, vec![session("hal", "COMPLETED", &["LOGIN", "LOGOUT"], T, T + 1_000)], "log:\n{}", service.log());
+    let dlq = format!("{}-dlq", topics.application_id);
+    let dead = parse_jsonl(&streamctl_ok(&["consume", "--topic", &dlq, "--from-beginning", "--max", "1", "--idle-exit", "10s", "--headers"]));
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["raw"], json!("this is not avro"));
+    let headers = &dead[0]["headers"];
+    assert_eq!(headers["dlq.error.kind"], json!("not_wire_format"));
+    assert_eq!(headers["dlq.source.topic"], json!(topics.input));
+    assert_eq!(headers["dlq.source.partition"], json!("0"));
+    assert_eq!(headers["dlq.source.offset"], json!("1"));
+    assert!(headers["dlq.error.message"].as_str().unwrap().contains("magic byte"));
+    let series = format!("streams_records_dead_lettered_total{{topic=\"{}\"}}", topics.input);
+    assert!(eventually(Duration::from_secs(10), || service.metric(&series) == 1.0));
+}
+
+#[test]
+fn after_a_restart_the_stored_watermark_still_marks_old_records_late() {
+    let topics = topics(1);
+    let arguments = service_args(&topics, &[]);
+    let first = Service::start("sessionizer", &arguments);
+    produce(&topics.input, "user-events", &[event("ivy", "LOGIN", T + 500_000)]);
+    let series = format!("streams_records_consumed_total{{topic=\"{}\"}}", topics.input);
+    assert!(eventually(Duration::from_secs(30), || first.metric(&series) == 1.0));
+    std::thread::sleep(Duration::from_millis(500));
+    let state_dir = first.state_dir.clone();
+    assert!(first.stop().success());
+
+    // The seed's restart bug: an in-memory watermark would accept this.
+    produce(&topics.input, "user-events", &[event("jon", "LOGOUT", T)]);
+    let second = Service::start_with_state("sessionizer", &arguments, state_dir);
+    let late = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);
+    assert!(eventually(Duration::from_secs(30), || second.metric(&late) == 1.0), "{}", second.log());
+    assert!(consume_all(&topics.output).is_empty());
+}
