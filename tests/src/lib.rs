@@ -143,9 +143,32 @@ pub fn fixture(relative: &str) -> Vec<Value> {
     parse_jsonl(&text)
 }
 
-/// Everything committed on `topic` so far.
+/// Everything committed on `topic` so far (nothing if it does not exist yet).
 pub fn consume_all(topic: &str) -> Vec<Value> {
-    parse_jsonl(&streamctl_ok(&["consume", "--topic", topic, "--from-beginning", "--idle-exit", "2s"]))
+    let output = streamctl(&["consume", "--topic", topic, "--from-beginning", "--idle-exit", "3s"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() && stderr.contains("does not exist") {
+        return Vec::new();
+    }
+    assert!(output.status.success(), "streamctl consume {topic} failed: {stderr}");
+    parse_jsonl(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// Asserts that two record lists hold the same records, in any order; on
+/// failure, shows a few of the missing and unexpected ones, not everything.
+pub fn assert_same_records(actual: &[Value], expected: &[Value], context: &str) {
+    let actual = sorted(actual.to_vec());
+    let expected = sorted(expected.to_vec());
+    if actual == expected {
+        return;
+    }
+    let missing: Vec<&Value> = expected.iter().filter(|e| !actual.contains(e)).take(3).collect();
+    let unexpected: Vec<&Value> = actual.iter().filter(|a| !expected.contains(a)).take(3).collect();
+    panic!(
+        "{} records, {} expected\nmissing (first 3): {missing:#?}\nunexpected (first 3): {unexpected:#?}\n{context}",
+        actual.len(),
+        expected.len()
+    );
 }
 
 /// Waits until `topic` holds at least `count` records (or `timeout` passes),

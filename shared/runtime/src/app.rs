@@ -29,7 +29,10 @@ use crate::topology::Topology;
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
@@ -241,26 +244,42 @@ fn run_service<P: Processor>(args: RuntimeArgs, topology: Topology<P::Input>, pr
     result.and(closed)
 }
 
+/// Records handled between two checks of timers, idleness and the commit interval.
+const MAX_BATCH: usize = 1_000;
+
 /// The main loop. The engine's lock is never held while polling, because
 /// rebalance callbacks run inside `poll` and take it.
 fn process_until_shutdown<P: Processor>(consumer: &GroupConsumer<P>, shutdown: &AtomicBool) -> anyhow::Result<()> {
     let mut last_poll_error = None::<std::time::Instant>;
     while !shutdown.load(Ordering::Relaxed) {
-        let polled = consumer.poll(Duration::from_millis(20));
+        // Wait briefly for the first record, then take what is already there.
+        let mut timeout = Duration::from_millis(20);
+        for _ in 0..MAX_BATCH {
+            let Some(polled) = consumer.poll(timeout) else { break };
+            timeout = Duration::ZERO;
+            let mut guard = consumer.context().engine.lock().unwrap();
+            let engine = guard.as_mut().expect("engine present while running");
+            if let Some(error) = engine.fatal.take() {
+                return Err(error);
+            }
+            match polled {
+                Ok(message) => engine.handle(&message)?,
+                Err(error) => {
+                    if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(%error, "consumer error (retrying)");
+                        last_poll_error = Some(std::time::Instant::now());
+                    }
+                    break;
+                }
+            }
+            if engine.commit_due() {
+                break;
+            }
+        }
         let mut guard = consumer.context().engine.lock().unwrap();
         let engine = guard.as_mut().expect("engine present while running");
         if let Some(error) = engine.fatal.take() {
             return Err(error);
-        }
-        match polled {
-            Some(Ok(message)) => engine.handle(&message)?,
-            Some(Err(error)) => {
-                if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
-                    tracing::warn!(%error, "consumer error (retrying)");
-                    last_poll_error = Some(std::time::Instant::now());
-                }
-            }
-            None => {}
         }
         engine.tick(consumer)?;
     }

@@ -172,13 +172,12 @@ struct OutputTo<'a> {
 }
 
 impl OutputSink for OutputTo<'_> {
-    fn send_output(&mut self, key: Option<&str>, payload: &[u8], timestamp: i64) -> anyhow::Result<()> {
+    fn send_output(&mut self, key: Option<&str>, payload: &[u8]) -> anyhow::Result<()> {
         self.delivery.send(Outgoing {
             topic: self.topic,
             partition: None,
             key: key.map(str::as_bytes),
             payload: Some(payload),
-            timestamp: Some(timestamp),
             headers: None,
             tag: UNTRACKED,
         })?;
@@ -356,7 +355,7 @@ impl<P: Processor> Engine<P> {
                         let outcome = task.handle_record(&mut env, slot, key.as_deref(), value, event_time)?;
                         if outcome == Outcome::Late {
                             self.topic_counts[origin.topic_index].late += 1;
-                            late.push((key, raw, event_time));
+                            late.push((key, raw));
                         }
                     }
                     Pending::Announcement { source, watermark, .. } => {
@@ -368,13 +367,12 @@ impl<P: Processor> Engine<P> {
             }
         }
         if let Some(late_topic) = &self.settings.late_topic {
-            for (key, raw, event_time) in late {
+            for (key, raw) in late {
                 self.delivery.send(Outgoing {
                     topic: late_topic,
                     partition: None,
                     key: key.as_deref().map(str::as_bytes),
                     payload: raw.as_deref(),
-                    timestamp: Some(event_time),
                     headers: None,
                     tag: UNTRACKED,
                 })?;
@@ -399,7 +397,6 @@ impl<P: Processor> Engine<P> {
             partition: None,
             key: Some(key.as_bytes()),
             payload: message.payload(),
-            timestamp: Some(event_time),
             headers: None,
             tag: UNTRACKED,
         })?;
@@ -433,7 +430,6 @@ impl<P: Processor> Engine<P> {
             partition: None,
             key: message.key(),
             payload: message.payload(),
-            timestamp: None,
             headers: Some(headers),
             tag: UNTRACKED,
         })?;
@@ -467,10 +463,15 @@ impl<P: Processor> Engine<P> {
                 task.tick(&mut env)?;
             }
         }
-        if self.last_commit.elapsed() >= self.settings.commit_interval {
+        if self.commit_due() {
             self.commit(consumer)?;
         }
         Ok(())
+    }
+
+    /// Whether the commit interval has passed since the last commit ended.
+    pub fn commit_due(&self) -> bool {
+        self.last_commit.elapsed() >= self.settings.commit_interval
     }
 
     /// Sends every upstream watermark that moved to every partition of its
@@ -494,7 +495,6 @@ impl<P: Processor> Engine<P> {
                     partition: Some(partition as i32),
                     key: None,
                     payload: None,
-                    timestamp: None,
                     headers: Some(headers),
                     tag: UNTRACKED,
                 })?;
@@ -515,7 +515,6 @@ impl<P: Processor> Engine<P> {
     /// Commits outputs, state changes and input offsets together.
     pub fn commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let started = Instant::now();
-        self.last_commit = started;
         self.announce_watermarks()?;
         for task in self.tasks.values_mut() {
             task.stage_clocks();
@@ -527,7 +526,6 @@ impl<P: Processor> Engine<P> {
                         partition: Some(task.partition),
                         key: Some(key),
                         payload: value,
-                        timestamp: None,
                         headers: None,
                         tag: changelog_tag(store, task.partition),
                     })?;
@@ -571,6 +569,7 @@ impl<P: Processor> Engine<P> {
         }
         self.commit_seconds += started.elapsed().as_secs_f64();
         self.publish_metrics();
+        self.last_commit = Instant::now();
         Ok(())
     }
 

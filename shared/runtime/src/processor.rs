@@ -119,7 +119,7 @@ impl<K, V> MapState<K, V> {
 
 /// Where emitted records go; implemented by the runtime's delivery layer.
 pub(crate) trait OutputSink {
-    fn send_output(&mut self, key: Option<&str>, payload: &[u8], timestamp: i64) -> anyhow::Result<()>;
+    fn send_output(&mut self, key: Option<&str>, payload: &[u8]) -> anyhow::Result<()>;
 }
 
 /// What a processor may do while handling a record or a timer.
@@ -128,7 +128,6 @@ pub struct Context<'a, O> {
     pub(crate) timers: &'a mut TimerQueue,
     pub(crate) timer_store: StoreIndex,
     pub(crate) watermark: i64,
-    pub(crate) timestamp: i64,
     pub(crate) encoder: &'a AvroEncoder,
     pub(crate) scratch: &'a mut Vec<u8>,
     pub(crate) sink: &'a mut dyn OutputSink,
@@ -142,10 +141,13 @@ impl<O: Serialize> Context<'_, O> {
         self.watermark
     }
 
-    /// Writes `value` to the output topic with `key` (partitioned by murmur2 of the key).
+    /// Writes `value` to the output topic with `key` (partitioned by murmur2
+    /// of the key). The Kafka timestamp is the time of writing: event time
+    /// lives in the value, and an old event time as record timestamp would
+    /// let time-based retention delete fresh results.
     pub fn emit(&mut self, key: Option<&str>, value: &O) -> anyhow::Result<()> {
         self.encoder.encode_into(value, self.scratch)?;
-        self.sink.send_output(key, self.scratch, self.timestamp)
+        self.sink.send_output(key, self.scratch)
     }
 
     /// Adds one to the service counter `name` (exported as a metric).

@@ -254,7 +254,7 @@ impl<P: Processor> Task<P> {
             value,
             event_time,
         };
-        self.with_processor(env, event_time, |processor, ctx| processor.process(ctx, record))?;
+        self.with_processor(env, |processor, ctx| processor.process(ctx, record))?;
         Ok(Outcome::Processed)
     }
 
@@ -285,7 +285,6 @@ impl<P: Processor> Task<P> {
     fn with_processor<R>(
         &mut self,
         env: &mut TaskEnv<'_>,
-        timestamp: i64,
         call: impl FnOnce(&mut P, &mut Context<'_, P::Output>) -> R,
     ) -> R {
         let mut ctx = Context {
@@ -293,7 +292,6 @@ impl<P: Processor> Task<P> {
             timers: &mut self.timers,
             timer_store: self.timer_store,
             watermark: self.watermark,
-            timestamp,
             encoder: env.encoder,
             scratch: env.scratch,
             sink: env.sink,
@@ -320,7 +318,7 @@ impl<P: Processor> Task<P> {
                 name: &entry.name,
                 time: entry.time,
             };
-            self.with_processor(env, entry.time, |processor, ctx| processor.on_timer(ctx, timer))?;
+            self.with_processor(env, |processor, ctx| processor.on_timer(ctx, timer))?;
         }
         Ok(())
     }

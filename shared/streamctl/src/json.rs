@@ -11,6 +11,7 @@ use apache_avro::types::Value;
 use apache_avro::Schema;
 
 /// One parsed input line.
+#[derive(Debug)]
 pub struct Line {
     pub key: Option<String>,
     pub value: Value,

@@ -107,7 +107,13 @@ fn main() -> ExitCode {
     for (key, value) in &cli.kafka_properties {
         config.set(key, value);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    // The registry client blocks on the runtime handle, which only a
+    // multi-thread runtime drives from outside `block_on`.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");

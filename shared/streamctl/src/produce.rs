@@ -118,7 +118,6 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
             partition: None,
             key: line.key.as_deref().map(str::as_bytes),
             payload: line.value.as_deref(),
-            timestamp: None,
             headers: None,
             tag: UNTRACKED,
         })?;
