@@ -31,7 +31,10 @@ pub fn registry() -> String {
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// `../shared/fixtures` beside the checkout (or `FIXTURES_DIR`).
@@ -43,16 +46,25 @@ pub fn fixtures_dir() -> PathBuf {
 
 /// The `.avsc` file of a project topic.
 pub fn schema(topic: &str) -> PathBuf {
-    workspace().join("shared/schemas/avro").join(format!("{topic}.avsc"))
+    workspace()
+        .join("shared/schemas/avro")
+        .join(format!("{topic}.avsc"))
 }
 
 /// A built binary of the workspace (`cargo build --bins` puts them beside the
 /// test executables' `deps/` directory).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(Path::parent).expect("target profile directory");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target profile directory");
     let path = dir.join(name);
-    assert!(path.exists(), "{} is not built; run `cargo build --bins` first (make test does)", path.display());
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build --bins` first (make test does)",
+        path.display()
+    );
     path
 }
 
@@ -69,7 +81,11 @@ pub fn unique(prefix: &str) -> String {
 
 /// A TCP port free right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Runs `streamctl` with the stack's addresses.
@@ -95,7 +111,13 @@ pub fn streamctl_ok(args: &[&str]) -> String {
 
 /// Creates a topic.
 pub fn create_topic(topic: &str, partitions: usize) {
-    streamctl_ok(&["topics", "create", topic, "--partitions", &partitions.to_string()]);
+    streamctl_ok(&[
+        "topics",
+        "create",
+        topic,
+        "--partitions",
+        &partitions.to_string(),
+    ]);
 }
 
 /// Writes JSON lines to a temporary file.
@@ -145,12 +167,22 @@ pub fn fixture(relative: &str) -> Vec<Value> {
 
 /// Everything committed on `topic` so far (nothing if it does not exist yet).
 pub fn consume_all(topic: &str) -> Vec<Value> {
-    let output = streamctl(&["consume", "--topic", topic, "--from-beginning", "--idle-exit", "3s"]);
+    let output = streamctl(&[
+        "consume",
+        "--topic",
+        topic,
+        "--from-beginning",
+        "--idle-exit",
+        "3s",
+    ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() && stderr.contains("does not exist") {
         return Vec::new();
     }
-    assert!(output.status.success(), "streamctl consume {topic} failed: {stderr}");
+    assert!(
+        output.status.success(),
+        "streamctl consume {topic} failed: {stderr}"
+    );
     parse_jsonl(&String::from_utf8_lossy(&output.stdout))
 }
 
@@ -162,8 +194,16 @@ pub fn assert_same_records(actual: &[Value], expected: &[Value], context: &str) 
     if actual == expected {
         return;
     }
-    let missing: Vec<&Value> = expected.iter().filter(|e| !actual.contains(e)).take(3).collect();
-    let unexpected: Vec<&Value> = actual.iter().filter(|a| !expected.contains(a)).take(3).collect();
+    let missing: Vec<&Value> = expected
+        .iter()
+        .filter(|e| !actual.contains(e))
+        .take(3)
+        .collect();
+    let unexpected: Vec<&Value> = actual
+        .iter()
+        .filter(|a| !expected.contains(a))
+        .take(3)
+        .collect();
     panic!(
         "{} records, {} expected\nmissing (first 3): {missing:#?}\nunexpected (first 3): {unexpected:#?}\n{context}",
         actual.len(),
@@ -261,7 +301,10 @@ impl Service {
 
     /// Stops gracefully (SIGTERM) and returns the exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -305,7 +348,11 @@ impl Drop for Service {
 pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;

@@ -51,7 +51,10 @@ fn shipment(id: &str, order_id: i32, ts: i64) -> Value {
 }
 
 fn ship_ids(rows: &[Value]) -> Vec<String> {
-    let mut ids: Vec<String> = rows.iter().map(|r| r["value"]["ship_id"].as_str().unwrap().to_string()).collect();
+    let mut ids: Vec<String> = rows
+        .iter()
+        .map(|r| r["value"]["ship_id"].as_str().unwrap().to_string())
+        .collect();
     ids.sort();
     ids
 }
@@ -114,8 +117,16 @@ fn window_boundaries_are_inclusive_at_both_ends() {
         ],
     );
     let output = wait_for_records(&topics.output, 2, Duration::from_secs(60));
-    assert_eq!(ship_ids(&output), ["last-second", "same-second"], "log:\n{}", service.log());
-    let last = output.iter().find(|r| r["value"]["ship_id"] == "last-second").unwrap();
+    assert_eq!(
+        ship_ids(&output),
+        ["last-second", "same-second"],
+        "log:\n{}",
+        service.log()
+    );
+    let last = output
+        .iter()
+        .find(|r| r["value"]["ship_id"] == "last-second")
+        .unwrap();
     assert_eq!(last["value"]["hr_to_ship"], json!(168));
 }
 
@@ -125,11 +136,28 @@ fn several_shipments_early_shipments_and_duplicate_orders_each_join_once() {
     let service = start(&topics);
     let t = 1_692_812_175;
     // Shipments of order 2 arrive before the order itself.
-    produce(&topics.shipments, "shipments", &[shipment("s2a", 2, t + 3600), shipment("s2b", 2, t + 7200), shipment("s3", 3, t + 10)]);
+    produce(
+        &topics.shipments,
+        "shipments",
+        &[
+            shipment("s2a", 2, t + 3600),
+            shipment("s2b", 2, t + 7200),
+            shipment("s3", 3, t + 10),
+        ],
+    );
     // Order 3 arrives twice: each copy joins (SQL multiset semantics).
-    produce(&topics.orders, "orders", &[order(2, t), order(3, t), order(3, t)]);
+    produce(
+        &topics.orders,
+        "orders",
+        &[order(2, t), order(3, t), order(3, t)],
+    );
     let output = wait_for_records(&topics.output, 4, Duration::from_secs(60));
-    assert_eq!(ship_ids(&output), ["s2a", "s2b", "s3", "s3"], "log:\n{}", service.log());
+    assert_eq!(
+        ship_ids(&output),
+        ["s2a", "s2b", "s3", "s3"],
+        "log:\n{}",
+        service.log()
+    );
     let hours: Vec<i64> = output
         .iter()
         .filter(|r| r["value"]["order_id"] == 2)
@@ -142,7 +170,9 @@ fn several_shipments_early_shipments_and_duplicate_orders_each_join_once() {
 fn ten_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
     let mut rng = rand::rng();
     let base = 1_692_000_000i64;
-    let mut orders: Vec<(i64, i32)> = (0..10_000).map(|id| (base + rng.random_range(0..30 * DAY), id)).collect();
+    let mut orders: Vec<(i64, i32)> = (0..10_000)
+        .map(|id| (base + rng.random_range(0..30 * DAY), id))
+        .collect();
     let mut shipments: Vec<(i64, String, i32)> = Vec::new();
     for (order_ts, id) in &orders {
         for n in 0..rng.random_range(0..3) {
@@ -162,18 +192,38 @@ fn ten_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
     }
     let topics = topics(3);
     let service = start(&topics);
-    produce(&topics.orders, "orders", &orders.iter().map(|(t, id)| order(*id, *t)).collect::<Vec<_>>());
+    produce(
+        &topics.orders,
+        "orders",
+        &orders
+            .iter()
+            .map(|(t, id)| order(*id, *t))
+            .collect::<Vec<_>>(),
+    );
     produce(
         &topics.shipments,
         "shipments",
-        &shipments.iter().map(|(t, s, o)| shipment(s, *o, *t)).collect::<Vec<_>>(),
+        &shipments
+            .iter()
+            .map(|(t, s, o)| shipment(s, *o, *t))
+            .collect::<Vec<_>>(),
     );
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(180));
     let actual: HashMap<String, i64> = output
         .iter()
-        .map(|r| (r["value"]["ship_id"].as_str().unwrap().to_string(), r["value"]["hr_to_ship"].as_i64().unwrap()))
+        .map(|r| {
+            (
+                r["value"]["ship_id"].as_str().unwrap().to_string(),
+                r["value"]["hr_to_ship"].as_i64().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(output.len(), expected.len(), "every pair exactly once; log:\n{}", service.log());
+    assert_eq!(
+        output.len(),
+        expected.len(),
+        "every pair exactly once; log:\n{}",
+        service.log()
+    );
     assert_eq!(actual, expected);
     for row in &output {
         assert_eq!(row["key"], json!(row["value"]["order_id"].to_string()));
@@ -187,21 +237,38 @@ fn expired_entries_leave_the_state_as_event_time_moves_on() {
     let t = 1_692_812_175;
     let orders: Vec<Value> = (0..50).map(|id| order(id, t + i64::from(id))).collect();
     produce(&topics.orders, "orders", &orders);
-    let shipments: Vec<Value> = (0..50).map(|id| shipment(&format!("s{id}"), id, t + 60 + i64::from(id))).collect();
+    let shipments: Vec<Value> = (0..50)
+        .map(|id| shipment(&format!("s{id}"), id, t + 60 + i64::from(id)))
+        .collect();
     produce(&topics.shipments, "shipments", &shipments);
-    assert_eq!(wait_for_records(&topics.output, 50, Duration::from_secs(60)).len(), 50);
+    assert_eq!(
+        wait_for_records(&topics.output, 50, Duration::from_secs(60)).len(),
+        50
+    );
     // Both streams move 10 days on: every earlier order and shipment expires.
     produce(&topics.orders, "orders", &[order(1000, t + 10 * DAY)]);
-    produce(&topics.shipments, "shipments", &[shipment("late-marker", 1000, t + 10 * DAY)]);
-    let expired = |name: &str| service.metric(&format!("streams_processor_events_total{{name=\"{name}\"}}"));
+    produce(
+        &topics.shipments,
+        "shipments",
+        &[shipment("late-marker", 1000, t + 10 * DAY)],
+    );
+    let expired = |name: &str| {
+        service.metric(&format!(
+            "streams_processor_events_total{{name=\"{name}\"}}"
+        ))
+    };
     assert!(
-        eventually(Duration::from_secs(60), || expired("orders_expired") == 50.0 && expired("shipments_expired") == 50.0),
+        eventually(Duration::from_secs(60), || expired("orders_expired")
+            == 50.0
+            && expired("shipments_expired") == 50.0),
         "metrics:\n{}\nlog:\n{}",
         service.metrics(),
         service.log()
     );
     assert!(
-        eventually(Duration::from_secs(10), || service.metric("streams_timers_pending{task=\"0\"}") <= 2.0),
+        eventually(Duration::from_secs(10), || service
+            .metric("streams_timers_pending{task=\"0\"}")
+            <= 2.0),
         "only the two newest entries keep timers:\n{}",
         service.metrics()
     );

@@ -133,7 +133,11 @@ fn median(values: &mut [f64]) -> Value {
     }
     values.sort_by(f64::total_cmp);
     let m = values.len() / 2;
-    json!(if values.len() % 2 == 1 { values[m] } else { (values[m - 1] + values[m]) / 2.0 })
+    json!(if values.len() % 2 == 1 {
+        values[m]
+    } else {
+        (values[m - 1] + values[m]) / 2.0
+    })
 }
 
 #[test]
@@ -152,20 +156,29 @@ fn many_machines_over_four_partitions_match_a_model_of_the_spec() {
             let mut temps = Vec::new();
             let mut hums = Vec::new();
             for _ in 0..rng.random_range(0..5) {
-                let value = rng.random_bool(0.9).then(|| f64::from(rng.random_range(600..900)) / 10.0);
+                let value = rng
+                    .random_bool(0.9)
+                    .then(|| f64::from(rng.random_range(600..900)) / 10.0);
                 temps.extend(value);
                 temperatures.push((start + rng.random_range(0..WINDOW), machine.clone(), value));
             }
             for _ in 0..rng.random_range(0..5) {
-                let value = rng.random_bool(0.9).then(|| f64::from(rng.random_range(600..950)) / 10.0);
+                let value = rng
+                    .random_bool(0.9)
+                    .then(|| f64::from(rng.random_range(600..950)) / 10.0);
                 hums.extend(value);
                 humidities.push((start + rng.random_range(0..WINDOW), machine.clone(), value));
             }
-            let had_readings = temperatures.iter().any(|(t, m, _)| m == machine && (start..start + WINDOW).contains(t))
-                || humidities.iter().any(|(t, m, _)| m == machine && (start..start + WINDOW).contains(t));
+            let had_readings = temperatures
+                .iter()
+                .any(|(t, m, _)| m == machine && (start..start + WINDOW).contains(t))
+                || humidities
+                    .iter()
+                    .any(|(t, m, _)| m == machine && (start..start + WINDOW).contains(t));
             if had_readings {
                 let (mt, mh) = (median(&mut temps), median(&mut hums));
-                let needs = mt.as_f64().is_some_and(|t| t > 75.0) && mh.as_f64().is_some_and(|h| h > 80.0);
+                let needs =
+                    mt.as_f64().is_some_and(|t| t > 75.0) && mh.as_f64().is_some_and(|h| h > 80.0);
                 expected.push(json!({"key": machine, "value": {
                     "machine_id": machine, "sensor_id": machine,
                     "window_start": start, "window_end": start + WINDOW,
@@ -184,10 +197,21 @@ fn many_machines_over_four_partitions_match_a_model_of_the_spec() {
     let topics = topics(4, 4);
     let service = start(&topics, &[]);
     let lines = |kind: &str, readings: &[(i64, String, Option<f64>)]| -> Vec<Value> {
-        readings.iter().map(|(t, m, v)| reading(kind, m, *v, *t)).collect()
+        readings
+            .iter()
+            .map(|(t, m, v)| reading(kind, m, *v, *t))
+            .collect()
     };
-    produce(&topics.temperature, "temperature-readings", &lines("temperature", &temperatures));
-    produce(&topics.humidity, "humidity-readings", &lines("humidity", &humidities));
+    produce(
+        &topics.temperature,
+        "temperature-readings",
+        &lines("temperature", &temperatures),
+    );
+    produce(
+        &topics.humidity,
+        "humidity-readings",
+        &lines("humidity", &humidities),
+    );
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
     assert_same_records(&output, &expected, "");
     drop(service);
@@ -201,16 +225,25 @@ fn a_window_without_humidity_has_a_null_median_and_needs_no_maintenance() {
     produce(
         &topics.temperature,
         "temperature-readings",
-        &[reading("temperature", "M9", Some(90.0), start_time + 1_000), reading("temperature", "M9", Some(95.0), start_time + 400_000)],
+        &[
+            reading("temperature", "M9", Some(90.0), start_time + 1_000),
+            reading("temperature", "M9", Some(95.0), start_time + 400_000),
+        ],
     );
-    produce(&topics.humidity, "humidity-readings", &[reading("humidity", "M9", Some(99.0), start_time + 400_000)]);
+    produce(
+        &topics.humidity,
+        "humidity-readings",
+        &[reading("humidity", "M9", Some(99.0), start_time + 400_000)],
+    );
     let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
     assert_eq!(
         output,
-        vec![json!({"key": "M9", "value": {"machine_id": "M9", "sensor_id": "M9",
+        vec![
+            json!({"key": "M9", "value": {"machine_id": "M9", "sensor_id": "M9",
             "window_start": start_time, "window_end": start_time + 300_000,
             "median_temperature": 90.0, "median_humidity": null,
-            "temperature_count": 1, "humidity_count": 0, "needs_maintenance": false}})],
+            "temperature_count": 1, "humidity_count": 0, "needs_maintenance": false}})
+        ],
         "log:\n{}",
         service.log()
     );
@@ -221,27 +254,59 @@ fn a_reading_for_an_emitted_window_is_late_and_changes_nothing() {
     let topics = topics(1, 1);
     let service = start(&topics, &[]);
     let t0 = 1_785_574_800_000i64;
-    produce(&topics.temperature, "temperature-readings", &[reading("temperature", "M1", Some(80.0), t0), reading("temperature", "M1", Some(80.0), t0 + 300_000)]);
-    produce(&topics.humidity, "humidity-readings", &[reading("humidity", "M1", Some(85.0), t0), reading("humidity", "M1", Some(85.0), t0 + 300_000)]);
+    produce(
+        &topics.temperature,
+        "temperature-readings",
+        &[
+            reading("temperature", "M1", Some(80.0), t0),
+            reading("temperature", "M1", Some(80.0), t0 + 300_000),
+        ],
+    );
+    produce(
+        &topics.humidity,
+        "humidity-readings",
+        &[
+            reading("humidity", "M1", Some(85.0), t0),
+            reading("humidity", "M1", Some(85.0), t0 + 300_000),
+        ],
+    );
     let first = wait_for_records(&topics.output, 1, Duration::from_secs(60));
     assert_eq!(first.len(), 1);
-    produce(&topics.temperature, "temperature-readings", &[reading("temperature", "M1", Some(10.0), t0 + 5)]);
-    let late_series = format!("streams_records_late_total{{topic=\"{}\"}}", topics.temperature);
+    produce(
+        &topics.temperature,
+        "temperature-readings",
+        &[reading("temperature", "M1", Some(10.0), t0 + 5)],
+    );
+    let late_series = format!(
+        "streams_records_late_total{{topic=\"{}\"}}",
+        topics.temperature
+    );
     assert!(
-        eventually(Duration::from_secs(30), || service.metric(&late_series) == 1.0),
+        eventually(Duration::from_secs(30), || service.metric(&late_series)
+            == 1.0),
         "late counter: {}",
         service.metrics()
     );
-    assert_eq!(consume_all(&topics.output), first, "the late reading changed nothing");
+    assert_eq!(
+        consume_all(&topics.output),
+        first,
+        "the late reading changed nothing"
+    );
 }
 
 #[test]
 fn topics_with_different_partition_counts_are_refused() {
     let topics = topics(2, 3);
     let service = start(&topics, &[]);
-    let (status, log) = service.wait_exit(Duration::from_secs(30)).expect("the service must exit");
+    let (status, log) = service
+        .wait_exit(Duration::from_secs(30))
+        .expect("the service must exit");
     assert!(!status.success());
     assert!(log.contains("not co-partitioned"), "{log}");
-    assert!(log.contains(&format!("{} has 2", topics.temperature)) && log.contains(&format!("{} has 3", topics.humidity)), "{log}");
+    assert!(
+        log.contains(&format!("{} has 2", topics.temperature))
+            && log.contains(&format!("{} has 3", topics.humidity)),
+        "{log}"
+    );
     assert!(!log.contains("panicked"), "{log}");
 }

@@ -57,31 +57,73 @@ const T: i64 = 1_783_345_153_000;
 fn fixture_gives_bobs_timeout() {
     let topics = topics(1);
     let service = start(&topics, &[]);
-    produce(&topics.input, "user-events", &fixture("sessionizer/user-events.jsonl"));
+    produce(
+        &topics.input,
+        "user-events",
+        &fixture("sessionizer/user-events.jsonl"),
+    );
     let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
-    assert_eq!(output, fixture("sessionizer/user-sessions.expected.jsonl"), "log:\n{}", service.log());
+    assert_eq!(
+        output,
+        fixture("sessionizer/user-sessions.expected.jsonl"),
+        "log:\n{}",
+        service.log()
+    );
 }
 
 #[test]
 fn logout_completes_the_session_at_once() {
     let topics = topics(1);
     let service = start(&topics, &[]);
-    produce(&topics.input, "user-events", &[event("amy", "LOGIN", T), event("amy", "VIEW", T + 1_000), event("amy", "LOGOUT", T + 5_000)]);
+    produce(
+        &topics.input,
+        "user-events",
+        &[
+            event("amy", "LOGIN", T),
+            event("amy", "VIEW", T + 1_000),
+            event("amy", "LOGOUT", T + 5_000),
+        ],
+    );
     let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
-    assert_eq!(output, vec![session("amy", "COMPLETED", &["LOGIN", "VIEW", "LOGOUT"], T, T + 5_000)], "log:\n{}", service.log());
+    assert_eq!(
+        output,
+        vec![session(
+            "amy",
+            "COMPLETED",
+            &["LOGIN", "VIEW", "LOGOUT"],
+            T,
+            T + 5_000
+        )],
+        "log:\n{}",
+        service.log()
+    );
 }
 
 #[test]
 fn timers_fire_when_the_watermark_reaches_them_and_not_before() {
     let topics = topics(1);
     let service = start(&topics, &[]);
-    produce(&topics.input, "user-events", &[event("bob", "LOGIN", T), event("cat", "LOGIN", T + 29_999)]);
+    produce(
+        &topics.input,
+        "user-events",
+        &[event("bob", "LOGIN", T), event("cat", "LOGIN", T + 29_999)],
+    );
     service.wait_ready(Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(3));
-    assert!(consume_all(&topics.output).is_empty(), "the watermark is 1 ms short of bob's timer");
-    produce(&topics.input, "user-events", &[event("cat", "VIEW", T + 30_000)]);
+    assert!(
+        consume_all(&topics.output).is_empty(),
+        "the watermark is 1 ms short of bob's timer"
+    );
+    produce(
+        &topics.input,
+        "user-events",
+        &[event("cat", "VIEW", T + 30_000)],
+    );
     let output = wait_for_records(&topics.output, 1, Duration::from_secs(30));
-    assert_eq!(output, vec![session("bob", "TIMEOUT", &["LOGIN"], T, T + 30_000)]);
+    assert_eq!(
+        output,
+        vec![session("bob", "TIMEOUT", &["LOGIN"], T, T + 30_000)]
+    );
 }
 
 #[test]
@@ -103,7 +145,13 @@ fn a_record_after_a_deadline_sees_the_timeout_then_starts_a_new_session() {
         output,
         vec![
             session("dan", "TIMEOUT", &["LOGIN", "SEARCH"], T, T + 40_000),
-            session("dan", "COMPLETED", &["VIEW", "LOGOUT"], T + 40_000, T + 45_000),
+            session(
+                "dan",
+                "COMPLETED",
+                &["VIEW", "LOGOUT"],
+                T + 40_000,
+                T + 45_000
+            ),
         ],
         "log:\n{}",
         service.log()
@@ -147,7 +195,11 @@ fn a_thousand_users_over_four_partitions_match_a_model_of_the_spec() {
             let kind = kinds[rng.random_range(0..kinds.len())];
             per_user.entry(user.clone()).or_default().push((time, kind));
             all.push((time, user.clone(), kind));
-            time += if rng.random_bool(0.3) { rng.random_range(30_000..90_000) } else { rng.random_range(0..29_000) };
+            time += if rng.random_bool(0.3) {
+                rng.random_range(30_000..90_000)
+            } else {
+                rng.random_range(0..29_000)
+            };
         }
         // A far-future event ends whatever is still open.
         let end = T + 10_000_000;
@@ -171,21 +223,46 @@ fn a_thousand_users_over_four_partitions_match_a_model_of_the_spec() {
 #[test]
 fn with_an_idle_timeout_a_quiet_session_times_out_in_wall_clock_time() {
     let topics = topics(1);
-    let service = start(&topics, &["--idle-timeout", "2s", "--session-timeout", "3s"]);
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let service = start(
+        &topics,
+        &["--idle-timeout", "2s", "--session-timeout", "3s"],
+    );
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     produce(&topics.input, "user-events", &[event("eve", "LOGIN", now)]);
     let output = wait_for_records(&topics.output, 1, Duration::from_secs(20));
-    assert_eq!(output, vec![session("eve", "TIMEOUT", &["LOGIN"], now, now + 3_000)], "log:\n{}", service.log());
+    assert_eq!(
+        output,
+        vec![session("eve", "TIMEOUT", &["LOGIN"], now, now + 3_000)],
+        "log:\n{}",
+        service.log()
+    );
 }
 
 #[test]
 fn late_records_are_counted_and_dropped() {
     let topics = topics(1);
     let service = start(&topics, &[]);
-    produce(&topics.input, "user-events", &[event("fay", "LOGIN", T + 100_000), event("gus", "LOGOUT", T + 50_000)]);
+    produce(
+        &topics.input,
+        "user-events",
+        &[
+            event("fay", "LOGIN", T + 100_000),
+            event("gus", "LOGOUT", T + 50_000),
+        ],
+    );
     let series = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);
-    assert!(eventually(Duration::from_secs(30), || service.metric(&series) == 1.0), "{}", service.metrics());
-    assert!(consume_all(&topics.output).is_empty(), "gus's late LOGOUT must not be processed");
+    assert!(
+        eventually(Duration::from_secs(30), || service.metric(&series) == 1.0),
+        "{}",
+        service.metrics()
+    );
+    assert!(
+        consume_all(&topics.output).is_empty(),
+        "gus's late LOGOUT must not be processed"
+    );
 }
 
 #[test]
@@ -194,12 +271,44 @@ fn a_poison_pill_goes_to_the_dead_letter_topic_and_good_records_keep_flowing() {
     let service = start(&topics, &[]);
     produce(&topics.input, "user-events", &[event("hal", "LOGIN", T)]);
     let pill = write_jsonl(&[json!({"key": "hal", "value": "this is not avro"})]);
-    streamctl_ok(&["produce", "--topic", &topics.input, "--raw", "--file", pill.to_str().unwrap()]);
-    produce(&topics.input, "user-events", &[event("hal", "LOGOUT", T + 1_000)]);
+    streamctl_ok(&[
+        "produce",
+        "--topic",
+        &topics.input,
+        "--raw",
+        "--file",
+        pill.to_str().unwrap(),
+    ]);
+    produce(
+        &topics.input,
+        "user-events",
+        &[event("hal", "LOGOUT", T + 1_000)],
+    );
     let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
-    assert_eq!(output, vec![session("hal", "COMPLETED", &["LOGIN", "LOGOUT"], T, T + 1_000)], "log:\n{}", service.log());
+    assert_eq!(
+        output,
+        vec![session(
+            "hal",
+            "COMPLETED",
+            &["LOGIN", "LOGOUT"],
+            T,
+            T + 1_000
+        )],
+        "log:\n{}",
+        service.log()
+    );
     let dlq = format!("{}-dlq", topics.application_id);
-    let dead = parse_jsonl(&streamctl_ok(&["consume", "--topic", &dlq, "--from-beginning", "--max", "1", "--idle-exit", "10s", "--headers"]));
+    let dead = parse_jsonl(&streamctl_ok(&[
+        "consume",
+        "--topic",
+        &dlq,
+        "--from-beginning",
+        "--max",
+        "1",
+        "--idle-exit",
+        "10s",
+        "--headers",
+    ]));
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0]["raw"], json!("this is not avro"));
     let headers = &dead[0]["headers"];
@@ -208,9 +317,17 @@ fn a_poison_pill_goes_to_the_dead_letter_topic_and_good_records_keep_flowing() {
     assert_eq!(headers["dlq.source.partition"], json!("0"));
     // Offset 0 is hal's LOGIN, 1 the marker of streamctl's transaction.
     assert_eq!(headers["dlq.source.offset"], json!("2"));
-    assert!(headers["dlq.error.message"].as_str().unwrap().contains("magic byte"));
-    let series = format!("streams_records_dead_lettered_total{{topic=\"{}\"}}", topics.input);
-    assert!(eventually(Duration::from_secs(10), || service.metric(&series) == 1.0));
+    assert!(headers["dlq.error.message"]
+        .as_str()
+        .unwrap()
+        .contains("magic byte"));
+    let series = format!(
+        "streams_records_dead_lettered_total{{topic=\"{}\"}}",
+        topics.input
+    );
+    assert!(eventually(Duration::from_secs(10), || service
+        .metric(&series)
+        == 1.0));
 }
 
 #[test]
@@ -218,9 +335,18 @@ fn after_a_restart_the_stored_watermark_still_marks_old_records_late() {
     let topics = topics(1);
     let arguments = service_args(&topics, &[]);
     let first = Service::start("sessionizer", &arguments);
-    produce(&topics.input, "user-events", &[event("ivy", "LOGIN", T + 500_000)]);
-    let series = format!("streams_records_consumed_total{{topic=\"{}\"}}", topics.input);
-    assert!(eventually(Duration::from_secs(30), || first.metric(&series) == 1.0));
+    produce(
+        &topics.input,
+        "user-events",
+        &[event("ivy", "LOGIN", T + 500_000)],
+    );
+    let series = format!(
+        "streams_records_consumed_total{{topic=\"{}\"}}",
+        topics.input
+    );
+    assert!(eventually(Duration::from_secs(30), || first
+        .metric(&series)
+        == 1.0));
     std::thread::sleep(Duration::from_millis(500));
     let state_dir = first.state_dir.clone();
     assert!(first.stop().success());
@@ -229,6 +355,10 @@ fn after_a_restart_the_stored_watermark_still_marks_old_records_late() {
     produce(&topics.input, "user-events", &[event("jon", "LOGOUT", T)]);
     let second = Service::start_with_state("sessionizer", &arguments, state_dir);
     let late = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);
-    assert!(eventually(Duration::from_secs(30), || second.metric(&late) == 1.0), "{}", second.log());
+    assert!(
+        eventually(Duration::from_secs(30), || second.metric(&late) == 1.0),
+        "{}",
+        second.log()
+    );
     assert!(consume_all(&topics.output).is_empty());
 }

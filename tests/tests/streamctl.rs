@@ -6,7 +6,8 @@ use e2e_tests::*;
 
 /// The topic whose schema a fixture file uses (file name = topic name).
 fn schema_topic_of(file: &str) -> &str {
-    file.trim_end_matches(".jsonl").trim_end_matches(".expected")
+    file.trim_end_matches(".jsonl")
+        .trim_end_matches(".expected")
 }
 
 #[test]
@@ -46,7 +47,12 @@ fn a_malformed_line_names_its_number_and_produces_nothing() {
     let path = std::env::temp_dir().join(format!("{}.jsonl", unique("malformed")));
     std::fs::write(
         &path,
-        format!("{}\n{}\n{{\"key\": \"u\", \"value\": {{\"user_id\": \n{}\n", good(1), good(2), good(4)),
+        format!(
+            "{}\n{}\n{{\"key\": \"u\", \"value\": {{\"user_id\": \n{}\n",
+            good(1),
+            good(2),
+            good(4)
+        ),
     )
     .unwrap();
     let output = streamctl(&[
@@ -60,11 +66,21 @@ fn a_malformed_line_names_its_number_and_produces_nothing() {
     ]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("line 3"), "error should name line 3: {stderr}");
-    assert!(consume_all(&topic).is_empty(), "nothing may be produced before the bad line");
+    assert!(
+        stderr.contains("line 3"),
+        "error should name line 3: {stderr}"
+    );
+    assert!(
+        consume_all(&topic).is_empty(),
+        "nothing may be produced before the bad line"
+    );
 
     // The user fixes line 3 and runs again: every line exactly once.
-    std::fs::write(&path, format!("{}\n{}\n{}\n{}\n", good(1), good(2), good(3), good(4))).unwrap();
+    std::fs::write(
+        &path,
+        format!("{}\n{}\n{}\n{}\n", good(1), good(2), good(3), good(4)),
+    )
+    .unwrap();
     produce_file(&topic, "user-events", &path);
     let times: Vec<i64> = consume_all(&topic)
         .iter()
@@ -81,10 +97,21 @@ fn a_value_that_does_not_fit_the_schema_is_rejected_with_its_line() {
         json!({"key": "1", "value": {"id": 1, "total_amount": 1.5, "customer_name": "a", "order_ts_raw": 5}}),
         json!({"key": "2", "value": {"id": "two", "total_amount": 1.5, "customer_name": "a", "order_ts_raw": 5}}),
     ]);
-    let output = streamctl(&["produce", "--topic", &topic, "--schema", schema("orders").to_str().unwrap(), "--file", path.to_str().unwrap()]);
+    let output = streamctl(&[
+        "produce",
+        "--topic",
+        &topic,
+        "--schema",
+        schema("orders").to_str().unwrap(),
+        "--file",
+        path.to_str().unwrap(),
+    ]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("line 2") && stderr.contains("schema"), "{stderr}");
+    assert!(
+        stderr.contains("line 2") && stderr.contains("schema"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -93,7 +120,11 @@ fn an_incompatible_schema_change_is_rejected_readably() {
     create_topic(&topic, 1);
     let dir = std::env::temp_dir();
     let v1 = dir.join(format!("{}.avsc", unique("v1")));
-    std::fs::write(&v1, r#"{"type": "record", "name": "E", "fields": [{"name": "a", "type": "string"}]}"#).unwrap();
+    std::fs::write(
+        &v1,
+        r#"{"type": "record", "name": "E", "fields": [{"name": "a", "type": "string"}]}"#,
+    )
+    .unwrap();
     let v2 = dir.join(format!("{}.avsc", unique("v2")));
     std::fs::write(
         &v2,
@@ -101,14 +132,40 @@ fn an_incompatible_schema_change_is_rejected_readably() {
     )
     .unwrap();
     let v1_data = write_jsonl(&[json!({"key": "k", "value": {"a": "x"}})]);
-    streamctl_ok(&["produce", "--topic", &topic, "--schema", v1.to_str().unwrap(), "--file", v1_data.to_str().unwrap()]);
+    streamctl_ok(&[
+        "produce",
+        "--topic",
+        &topic,
+        "--schema",
+        v1.to_str().unwrap(),
+        "--file",
+        v1_data.to_str().unwrap(),
+    ]);
     let v2_data = write_jsonl(&[json!({"key": "k", "value": {"a": "x", "b": 1}})]);
-    let output = streamctl(&["produce", "--topic", &topic, "--schema", v2.to_str().unwrap(), "--file", v2_data.to_str().unwrap()]);
-    assert!(!output.status.success(), "a new required field without default must be refused");
+    let output = streamctl(&[
+        "produce",
+        "--topic",
+        &topic,
+        "--schema",
+        v2.to_str().unwrap(),
+        "--file",
+        v2_data.to_str().unwrap(),
+    ]);
+    assert!(
+        !output.status.success(),
+        "a new required field without default must be refused"
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("refused") && stderr.contains(&format!("{topic}-value")), "{stderr}");
+    assert!(
+        stderr.contains("refused") && stderr.contains(&format!("{topic}-value")),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert_eq!(consume_all(&topic).len(), 1, "the refused records were not produced");
+    assert_eq!(
+        consume_all(&topic).len(),
+        1,
+        "the refused records were not produced"
+    );
 }
 
 #[test]
@@ -116,7 +173,12 @@ fn a_stopped_broker_fails_fast_with_a_clear_message() {
     let port = free_port();
     let started = Instant::now();
     let output = std::process::Command::new(bin("streamctl"))
-        .args(["--bootstrap-servers", &format!("127.0.0.1:{port}"), "topics", "list"])
+        .args([
+            "--bootstrap-servers",
+            &format!("127.0.0.1:{port}"),
+            "topics",
+            "list",
+        ])
         .output()
         .unwrap();
     let elapsed = started.elapsed();
@@ -132,12 +194,34 @@ fn table_format_prints_aligned_columns() {
     create_topic(&topic, 1);
     let path = fixtures_dir().join("order-shipment-joiner/shipped-orders.expected.jsonl");
     produce_file(&topic, "shipped-orders", &path);
-    let table = streamctl_ok(&["consume", "--topic", &topic, "--from-beginning", "--max", "10", "--idle-exit", "10s", "--format", "table"]);
+    let table = streamctl_ok(&[
+        "consume",
+        "--topic",
+        &topic,
+        "--from-beginning",
+        "--max",
+        "10",
+        "--idle-exit",
+        "10s",
+        "--format",
+        "table",
+    ]);
     let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[1].contains("| order_id |") && lines[1].contains("| hr_to_ship |"), "{table}");
-    assert!(lines.iter().any(|l| l.contains("| Art Vandelay ")), "{table}");
+    assert!(
+        lines[1].contains("| order_id |") && lines[1].contains("| hr_to_ship |"),
+        "{table}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("| Art Vandelay ")),
+        "{table}"
+    );
     let width = lines[0].len();
-    assert!(lines[..lines.len() - 1].iter().all(|l| l.chars().count() == width), "{table}");
+    assert!(
+        lines[..lines.len() - 1]
+            .iter()
+            .all(|l| l.chars().count() == width),
+        "{table}"
+    );
     assert_eq!(*lines.last().unwrap(), "10 rows in set");
 }
 
@@ -145,9 +229,14 @@ fn table_format_prints_aligned_columns() {
 fn topics_can_be_created_listed_and_described() {
     let topic = unique("described");
     create_topic(&topic, 3);
-    assert!(streamctl_ok(&["topics", "list"]).lines().any(|l| l == topic));
+    assert!(streamctl_ok(&["topics", "list"])
+        .lines()
+        .any(|l| l == topic));
     let description = streamctl_ok(&["topics", "describe", &topic]);
     assert!(description.contains("3 partitions"), "{description}");
     let again = streamctl(&["topics", "create", &topic, "--partitions", "2"]);
-    assert!(!again.status.success(), "a different partition count is an error");
+    assert!(
+        !again.status.success(),
+        "a different partition count is an error"
+    );
 }

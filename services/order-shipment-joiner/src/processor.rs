@@ -12,7 +12,7 @@
 
 use streams_runtime::{Context, InputStream, MapState, Processor, Record, Timer, Topology};
 
-use crate::model::{JoinInput, Order, ShippedOrder, Shipment};
+use crate::model::{JoinInput, Order, Shipment, ShippedOrder};
 use crate::settings::Settings;
 use crate::timestamp::format_utc;
 
@@ -26,28 +26,32 @@ const SHIPMENT_EXPIRY: &str = "shipment-expiry";
 
 /// Builds the topology: orders direct, shipments re-keyed by order id.
 pub fn topology(settings: &Settings) -> anyhow::Result<Topology<JoinInput>> {
-    Ok(Topology::new("order-shipment-joiner", &settings.output_topic, topic_schemas::SHIPPED_ORDERS)
-        .input(InputStream::new(
-            &settings.orders_topic,
-            topic_schemas::ORDERS,
-            |o: &Order| o.order_ts_raw.saturating_mul(1000),
-            JoinInput::Order,
-        )?)
-        .input(
-            InputStream::new(
-                &settings.shipments_topic,
-                topic_schemas::SHIPMENTS,
-                |s: &Shipment| s.ship_ts_raw.saturating_mul(1000),
-                JoinInput::Shipment,
-            )?
-            .repartition_by("shipments-by-order", |input| match input {
-                JoinInput::Shipment(s) => s.order_id.to_string(),
-                JoinInput::Order(o) => o.id.to_string(),
-            }),
-        )
-        .store(ORDERS.name())
-        .store(SHIPMENTS.name())
-        .max_out_of_orderness(settings.grace))
+    Ok(Topology::new(
+        "order-shipment-joiner",
+        &settings.output_topic,
+        topic_schemas::SHIPPED_ORDERS,
+    )
+    .input(InputStream::new(
+        &settings.orders_topic,
+        topic_schemas::ORDERS,
+        |o: &Order| o.order_ts_raw.saturating_mul(1000),
+        JoinInput::Order,
+    )?)
+    .input(
+        InputStream::new(
+            &settings.shipments_topic,
+            topic_schemas::SHIPMENTS,
+            |s: &Shipment| s.ship_ts_raw.saturating_mul(1000),
+            JoinInput::Shipment,
+        )?
+        .repartition_by("shipments-by-order", |input| match input {
+            JoinInput::Shipment(s) => s.order_id.to_string(),
+            JoinInput::Order(o) => o.id.to_string(),
+        }),
+    )
+    .store(ORDERS.name())
+    .store(SHIPMENTS.name())
+    .max_out_of_orderness(settings.grace))
 }
 
 #[derive(Debug, Clone)]
@@ -76,7 +80,13 @@ impl IntervalJoin {
         }
     }
 
-    fn on_order(&self, ctx: &mut Context<'_, ShippedOrder>, key: &str, order: Order, time: i64) -> anyhow::Result<()> {
+    fn on_order(
+        &self,
+        ctx: &mut Context<'_, ShippedOrder>,
+        key: &str,
+        order: Order,
+        time: i64,
+    ) -> anyhow::Result<()> {
         let low = time;
         let high = time.saturating_add(self.window);
         for (ship_time, shipments) in ctx.map_entries(&SHIPMENTS, key)? {
@@ -89,11 +99,21 @@ impl IntervalJoin {
         let mut buffered = ctx.map_get(&ORDERS, key, &time)?.unwrap_or_default();
         buffered.push(order);
         ctx.map_put(&ORDERS, key, &time, &buffered)?;
-        ctx.set_timer(key, &format!("{ORDER_EXPIRY}-{time}"), high.saturating_add(1));
+        ctx.set_timer(
+            key,
+            &format!("{ORDER_EXPIRY}-{time}"),
+            high.saturating_add(1),
+        );
         Ok(())
     }
 
-    fn on_shipment(&self, ctx: &mut Context<'_, ShippedOrder>, key: &str, shipment: Shipment, time: i64) -> anyhow::Result<()> {
+    fn on_shipment(
+        &self,
+        ctx: &mut Context<'_, ShippedOrder>,
+        key: &str,
+        shipment: Shipment,
+        time: i64,
+    ) -> anyhow::Result<()> {
         let low = time.saturating_sub(self.window);
         for (order_time, orders) in ctx.map_entries(&ORDERS, key)? {
             if (low..=time).contains(&order_time) {
@@ -105,7 +125,11 @@ impl IntervalJoin {
         let mut buffered = ctx.map_get(&SHIPMENTS, key, &time)?.unwrap_or_default();
         buffered.push(shipment);
         ctx.map_put(&SHIPMENTS, key, &time, &buffered)?;
-        ctx.set_timer(key, &format!("{SHIPMENT_EXPIRY}-{time}"), time.saturating_add(1));
+        ctx.set_timer(
+            key,
+            &format!("{SHIPMENT_EXPIRY}-{time}"),
+            time.saturating_add(1),
+        );
         Ok(())
     }
 }
@@ -114,7 +138,11 @@ impl Processor for IntervalJoin {
     type Input = JoinInput;
     type Output = ShippedOrder;
 
-    fn process(&mut self, ctx: &mut Context<'_, ShippedOrder>, record: Record<'_, JoinInput>) -> anyhow::Result<()> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_, ShippedOrder>,
+        record: Record<'_, JoinInput>,
+    ) -> anyhow::Result<()> {
         match record.value {
             JoinInput::Order(order) => {
                 let key = order.id.to_string();
@@ -127,7 +155,11 @@ impl Processor for IntervalJoin {
         }
     }
 
-    fn on_timer(&mut self, ctx: &mut Context<'_, ShippedOrder>, timer: Timer<'_>) -> anyhow::Result<()> {
+    fn on_timer(
+        &mut self,
+        ctx: &mut Context<'_, ShippedOrder>,
+        timer: Timer<'_>,
+    ) -> anyhow::Result<()> {
         if timer.name.starts_with(SHIPMENT_EXPIRY) {
             ctx.map_remove(&SHIPMENTS, timer.key, &(timer.time - 1));
             ctx.increment("shipments_expired");

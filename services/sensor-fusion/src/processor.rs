@@ -32,21 +32,25 @@ const WINDOW_END_TIMER: &str = "window-end";
 
 /// Builds the topology: both reading topics in, verdicts out.
 pub fn topology(settings: &Settings) -> anyhow::Result<Topology<Reading>> {
-    Ok(Topology::new("sensor-fusion", &settings.output_topic, topic_schemas::MACHINE_MAINTENANCE)
-        .input(InputStream::new(
-            &settings.temperature_topic,
-            topic_schemas::TEMPERATURE_READINGS,
-            |r: &TemperatureReading| r.event_time,
-            Reading::Temperature,
-        )?)
-        .input(InputStream::new(
-            &settings.humidity_topic,
-            topic_schemas::HUMIDITY_READINGS,
-            |r: &HumidityReading| r.event_time,
-            Reading::Humidity,
-        )?)
-        .store(WINDOW_READINGS.name())
-        .max_out_of_orderness(settings.max_out_of_orderness))
+    Ok(Topology::new(
+        "sensor-fusion",
+        &settings.output_topic,
+        topic_schemas::MACHINE_MAINTENANCE,
+    )
+    .input(InputStream::new(
+        &settings.temperature_topic,
+        topic_schemas::TEMPERATURE_READINGS,
+        |r: &TemperatureReading| r.event_time,
+        Reading::Temperature,
+    )?)
+    .input(InputStream::new(
+        &settings.humidity_topic,
+        topic_schemas::HUMIDITY_READINGS,
+        |r: &HumidityReading| r.event_time,
+        Reading::Humidity,
+    )?)
+    .store(WINDOW_READINGS.name())
+    .max_out_of_orderness(settings.max_out_of_orderness))
 }
 
 #[derive(Debug, Clone)]
@@ -67,7 +71,12 @@ impl SensorFusion {
         }
     }
 
-    fn verdict(&self, machine: &str, start: i64, mut readings: WindowReadings) -> MachineMaintenance {
+    fn verdict(
+        &self,
+        machine: &str,
+        start: i64,
+        mut readings: WindowReadings,
+    ) -> MachineMaintenance {
         let median_temperature = median(&mut readings.temperatures);
         let median_humidity = median(&mut readings.humidities);
         let needs_maintenance = matches!(
@@ -113,7 +122,11 @@ impl Processor for SensorFusion {
     type Input = Reading;
     type Output = MachineMaintenance;
 
-    fn process(&mut self, ctx: &mut Context<'_, MachineMaintenance>, record: Record<'_, Reading>) -> anyhow::Result<()> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_, MachineMaintenance>,
+        record: Record<'_, Reading>,
+    ) -> anyhow::Result<()> {
         let machine = record.value.machine().to_string();
         let start = tumbling_start(record.event_time, self.interval);
         match self.emit {
@@ -130,7 +143,10 @@ impl Processor for SensorFusion {
                 ctx.map_put(&WINDOW_READINGS, &machine, &start, &readings)
             }
             EmitMode::Rollover => {
-                let held = ctx.map_entries(&WINDOW_READINGS, &machine)?.into_iter().next();
+                let held = ctx
+                    .map_entries(&WINDOW_READINGS, &machine)?
+                    .into_iter()
+                    .next();
                 let mut readings = match held {
                     Some((held_start, held_readings)) if held_start == start => held_readings,
                     Some((held_start, held_readings)) => {
@@ -145,7 +161,11 @@ impl Processor for SensorFusion {
         }
     }
 
-    fn on_timer(&mut self, ctx: &mut Context<'_, MachineMaintenance>, timer: Timer<'_>) -> anyhow::Result<()> {
+    fn on_timer(
+        &mut self,
+        ctx: &mut Context<'_, MachineMaintenance>,
+        timer: Timer<'_>,
+    ) -> anyhow::Result<()> {
         let start = timer.time - self.interval;
         if let Some(readings) = ctx.map_get(&WINDOW_READINGS, timer.key, &start)? {
             self.emit_window(ctx, timer.key, start, readings)?;

@@ -37,7 +37,11 @@ pub struct Settings {
     pub emit: EmitMode,
 
     /// Temperature readings topic.
-    #[arg(long, env = "TEMPERATURE_TOPIC", default_value = "temperature-readings")]
+    #[arg(
+        long,
+        env = "TEMPERATURE_TOPIC",
+        default_value = "temperature-readings"
+    )]
     pub temperature_topic: String,
 
     /// Humidity readings topic.

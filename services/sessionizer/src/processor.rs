@@ -25,15 +25,19 @@ const TIMEOUT: &str = "TIMEOUT";
 
 /// Builds the topology: user events in, sessions out.
 pub fn topology(settings: &Settings) -> anyhow::Result<Topology<UserEvent>> {
-    Ok(Topology::new("sessionizer", &settings.output_topic, topic_schemas::USER_SESSIONS)
-        .input(InputStream::new(
-            &settings.input_topic,
-            topic_schemas::USER_EVENTS,
-            |e: &UserEvent| e.event_time,
-            |e| e,
-        )?)
-        .store(SESSIONS.name())
-        .max_out_of_orderness(settings.max_out_of_orderness))
+    Ok(Topology::new(
+        "sessionizer",
+        &settings.output_topic,
+        topic_schemas::USER_SESSIONS,
+    )
+    .input(InputStream::new(
+        &settings.input_topic,
+        topic_schemas::USER_EVENTS,
+        |e: &UserEvent| e.event_time,
+        |e| e,
+    )?)
+    .store(SESSIONS.name())
+    .max_out_of_orderness(settings.max_out_of_orderness))
 }
 
 #[derive(Debug, Clone)]
@@ -48,7 +52,13 @@ impl Sessionizer {
         }
     }
 
-    fn end(ctx: &mut Context<'_, UserSession>, user: &str, session: Session, status: &'static str, end: i64) -> anyhow::Result<()> {
+    fn end(
+        ctx: &mut Context<'_, UserSession>,
+        user: &str,
+        session: Session,
+        status: &'static str,
+        end: i64,
+    ) -> anyhow::Result<()> {
         ctx.delete(&SESSIONS, user);
         ctx.clear_timer(user, INACTIVITY);
         let summary = UserSession {
@@ -68,7 +78,11 @@ impl Processor for Sessionizer {
     type Input = UserEvent;
     type Output = UserSession;
 
-    fn process(&mut self, ctx: &mut Context<'_, UserSession>, record: Record<'_, UserEvent>) -> anyhow::Result<()> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_, UserSession>,
+        record: Record<'_, UserEvent>,
+    ) -> anyhow::Result<()> {
         let event = record.value;
         let time = record.event_time;
         let mut session = ctx.get(&SESSIONS, &event.user_id)?.unwrap_or(Session {
@@ -84,11 +98,19 @@ impl Processor for Sessionizer {
             ctx.increment("sessions_completed");
             return Self::end(ctx, &event.user_id, session, COMPLETED, time);
         }
-        ctx.set_timer(&event.user_id, INACTIVITY, session.latest.saturating_add(self.timeout));
+        ctx.set_timer(
+            &event.user_id,
+            INACTIVITY,
+            session.latest.saturating_add(self.timeout),
+        );
         ctx.put(&SESSIONS, &event.user_id, &session)
     }
 
-    fn on_timer(&mut self, ctx: &mut Context<'_, UserSession>, timer: Timer<'_>) -> anyhow::Result<()> {
+    fn on_timer(
+        &mut self,
+        ctx: &mut Context<'_, UserSession>,
+        timer: Timer<'_>,
+    ) -> anyhow::Result<()> {
         if let Some(session) = ctx.get(&SESSIONS, timer.key)? {
             ctx.increment("sessions_timed_out");
             Self::end(ctx, timer.key, session, TIMEOUT, timer.time)?;

@@ -17,7 +17,9 @@ use rdkafka::ClientConfig;
 use crate::avro::{leak_schema, AvroEncoder, Registry};
 use crate::config::{LogFormat, ProcessingGuarantee, RuntimeArgs};
 use crate::delivery::Delivery;
-use crate::engine::{Engine, EngineContext, EngineSettings, GroupConsumer, InputRuntime, RepartitionRuntime, Route};
+use crate::engine::{
+    Engine, EngineContext, EngineSettings, GroupConsumer, InputRuntime, RepartitionRuntime, Route,
+};
 use crate::metrics::Metrics;
 use crate::processor::Processor;
 use crate::restore::Restorer;
@@ -53,7 +55,11 @@ pub fn base_client_config(args: &RuntimeArgs) -> ClientConfig {
 
 /// Runs `processor` over `topology` until SIGTERM/SIGINT; the exit code says
 /// whether it stopped cleanly.
-pub fn run<P: Processor>(args: RuntimeArgs, topology: Topology<P::Input>, processor: P) -> ExitCode {
+pub fn run<P: Processor>(
+    args: RuntimeArgs,
+    topology: Topology<P::Input>,
+    processor: P,
+) -> ExitCode {
     init_tracing(args.log_format);
     match run_service(args, topology, processor) {
         Ok(()) => ExitCode::SUCCESS,
@@ -81,19 +87,28 @@ fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
-fn run_service<P: Processor>(args: RuntimeArgs, topology: Topology<P::Input>, processor: P) -> anyhow::Result<()> {
+fn run_service<P: Processor>(
+    args: RuntimeArgs,
+    topology: Topology<P::Input>,
+    processor: P,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
     let application_id = args.application_id_or(topology.service);
     let state_dir = args.state_dir.join(&application_id);
-    std::fs::create_dir_all(&state_dir)
-        .map_err(|e| anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display()))?;
+    std::fs::create_dir_all(&state_dir).map_err(|e| {
+        anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())
+    })?;
     let client_config = base_client_config(&args);
 
     // Startup checks: broker, inputs, co-partitioning.
-    let admin = Admin::connect(&client_config, runtime.handle().clone(), Duration::from_secs(10))?;
+    let admin = Admin::connect(
+        &client_config,
+        runtime.handle().clone(),
+        Duration::from_secs(10),
+    )?;
     let source_topics: Vec<&str> = topology.inputs.iter().map(|i| i.topic.as_str()).collect();
     let counts = admin.wait_for_topics(&source_topics, args.topic_wait.as_std())?;
     let partitions = co_partition_count(&topology, &counts)?;
@@ -168,7 +183,9 @@ fn run_service<P: Processor>(args: RuntimeArgs, topology: Topology<P::Input>, pr
 
     // Clients.
     let transactional_id = match args.processing_guarantee {
-        ProcessingGuarantee::ExactlyOnceV2 => Some(format!("{application_id}-{}", instance_id(&state_dir)?)),
+        ProcessingGuarantee::ExactlyOnceV2 => {
+            Some(format!("{application_id}-{}", instance_id(&state_dir)?))
+        }
         ProcessingGuarantee::AtLeastOnce => None,
     };
     let delivery = Delivery::new(client_config.clone(), transactional_id.as_deref())?;
@@ -185,7 +202,8 @@ fn run_service<P: Processor>(args: RuntimeArgs, topology: Topology<P::Input>, pr
         store_names,
         changelog_topics,
     };
-    let memory_limit = usize::try_from(args.state_memory_limit.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    let memory_limit =
+        usize::try_from(args.state_memory_limit.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let engine = Engine::new(
         settings,
         processor,
@@ -249,13 +267,18 @@ const MAX_BATCH: usize = 1_000;
 
 /// The main loop. The engine's lock is never held while polling, because
 /// rebalance callbacks run inside `poll` and take it.
-fn process_until_shutdown<P: Processor>(consumer: &GroupConsumer<P>, shutdown: &AtomicBool) -> anyhow::Result<()> {
+fn process_until_shutdown<P: Processor>(
+    consumer: &GroupConsumer<P>,
+    shutdown: &AtomicBool,
+) -> anyhow::Result<()> {
     let mut last_poll_error = None::<std::time::Instant>;
     while !shutdown.load(Ordering::Relaxed) {
         // Wait briefly for the first record, then take what is already there.
         let mut timeout = Duration::from_millis(20);
         for _ in 0..MAX_BATCH {
-            let Some(polled) = consumer.poll(timeout) else { break };
+            let Some(polled) = consumer.poll(timeout) else {
+                break;
+            };
             timeout = Duration::ZERO;
             let mut guard = consumer.context().engine.lock().unwrap();
             let engine = guard.as_mut().expect("engine present while running");
@@ -299,7 +322,10 @@ async fn wait_for_signal(shutdown: Arc<AtomicBool>) {
 
 /// The partition count every co-partitioned input shares; inputs that
 /// disagree make the service refuse to start.
-fn co_partition_count<I>(topology: &Topology<I>, counts: &HashMap<String, usize>) -> anyhow::Result<usize> {
+fn co_partition_count<I>(
+    topology: &Topology<I>,
+    counts: &HashMap<String, usize>,
+) -> anyhow::Result<usize> {
     let direct: Vec<(&str, usize)> = topology
         .inputs
         .iter()

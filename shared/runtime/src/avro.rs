@@ -79,8 +79,8 @@ pub fn split_wire_format(bytes: &[u8]) -> Result<(u32, &[u8]), DecodeError> {
 /// topic and writer version), so leaking them is cheaper and simpler than
 /// self-referential caches.
 pub fn leak_schema(json: &str) -> anyhow::Result<&'static Schema> {
-    let schema = Schema::parse_str(json)
-        .map_err(|e| anyhow::anyhow!("invalid Avro schema: {e}"))?;
+    let schema =
+        Schema::parse_str(json).map_err(|e| anyhow::anyhow!("invalid Avro schema: {e}"))?;
     Ok(Box::leak(Box::new(schema)))
 }
 
@@ -165,11 +165,7 @@ impl Registry {
             .map_err(|e| self.classify(e))?;
         let schema = leak_schema(&registered.schema)
             .map_err(|e| RegistryError::Rejected(format!("schema id {id}: {e}")))?;
-        self.inner
-            .schemas_by_id
-            .lock()
-            .unwrap()
-            .insert(id, schema);
+        self.inner.schemas_by_id.lock().unwrap().insert(id, schema);
         Ok(schema)
     }
 
@@ -331,7 +327,11 @@ impl AvroEncoder {
     }
 
     /// Encodes a generic Avro value (used by tools that work from JSON).
-    pub fn encode_value(&self, value: apache_avro::types::Value, out: &mut Vec<u8>) -> anyhow::Result<()> {
+    pub fn encode_value(
+        &self,
+        value: apache_avro::types::Value,
+        out: &mut Vec<u8>,
+    ) -> anyhow::Result<()> {
         out.clear();
         out.push(0);
         out.extend_from_slice(&self.schema_id.to_be_bytes());
@@ -355,8 +355,17 @@ mod tests {
 
     #[test]
     fn rejects_values_that_are_not_wire_format() {
-        assert_eq!(split_wire_format(&[]).unwrap_err().kind(), "not_wire_format");
-        assert_eq!(split_wire_format(&[1, 0, 0, 0, 1]).unwrap_err().kind(), "not_wire_format");
-        assert_eq!(split_wire_format(&[0, 0, 1]).unwrap_err().kind(), "not_wire_format");
+        assert_eq!(
+            split_wire_format(&[]).unwrap_err().kind(),
+            "not_wire_format"
+        );
+        assert_eq!(
+            split_wire_format(&[1, 0, 0, 0, 1]).unwrap_err().kind(),
+            "not_wire_format"
+        );
+        assert_eq!(
+            split_wire_format(&[0, 0, 1]).unwrap_err().kind(),
+            "not_wire_format"
+        );
     }
 }

@@ -35,11 +35,19 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Args)]
 pub struct RuntimeArgs {
     /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS", default_value = "127.0.0.1:9092")]
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:9092"
+    )]
     pub bootstrap_servers: String,
 
     /// Confluent-compatible schema registry URL.
-    #[arg(long, env = "SCHEMA_REGISTRY_URL", default_value = "http://127.0.0.1:8081")]
+    #[arg(
+        long,
+        env = "SCHEMA_REGISTRY_URL",
+        default_value = "http://127.0.0.1:8081"
+    )]
     pub schema_registry_url: String,
 
     /// Application id: the consumer group id and the prefix of every internal
@@ -52,7 +60,12 @@ pub struct RuntimeArgs {
     pub state_dir: PathBuf,
 
     /// Delivery guarantee.
-    #[arg(long, env = "PROCESSING_GUARANTEE", value_enum, default_value = "exactly_once_v2")]
+    #[arg(
+        long,
+        env = "PROCESSING_GUARANTEE",
+        value_enum,
+        default_value = "exactly_once_v2"
+    )]
     pub processing_guarantee: ProcessingGuarantee,
 
     /// How often input offsets, outputs and state changes are committed.

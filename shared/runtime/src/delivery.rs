@@ -42,7 +42,10 @@ impl ProducerContext for DeliveryReports {
             }
             Ok(_) => {}
             Err((error, _)) => {
-                self.failure.lock().unwrap().get_or_insert_with(|| error.clone());
+                self.failure
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(|| error.clone());
             }
         }
     }
@@ -126,7 +129,8 @@ impl Delivery {
                 .map_err(|e| anyhow::anyhow!("cannot begin a Kafka transaction: {e}"))?;
             self.in_transaction = true;
         }
-        let mut base: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(record.topic, record.tag);
+        let mut base: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(record.topic, record.tag);
         if let Some(partition) = record.partition {
             base = base.partition(partition);
         }
@@ -183,7 +187,9 @@ impl Delivery {
             self.producer.poll(Duration::from_millis(1));
         }
         if let Some(error) = self.producer.context().failure.lock().unwrap().take() {
-            return Err(CommitError::Aborted(format!("a record was not delivered: {error}")));
+            return Err(CommitError::Aborted(format!(
+                "a record was not delivered: {error}"
+            )));
         }
         Ok(())
     }
@@ -216,7 +222,9 @@ impl Delivery {
                     .send_offsets_to_transaction(offsets, group, self.timeout)
                     .map_err(classify)?;
             }
-            self.producer.commit_transaction(self.timeout).map_err(classify)
+            self.producer
+                .commit_transaction(self.timeout)
+                .map_err(classify)
         });
         if let Err(error) = result {
             self.abort_after(&error);
@@ -231,7 +239,9 @@ impl Delivery {
     pub fn abort(&mut self) -> Result<(), CommitError> {
         if self.transactional && self.in_transaction {
             self.in_transaction = false;
-            self.producer.abort_transaction(self.timeout).map_err(classify)?;
+            self.producer
+                .abort_transaction(self.timeout)
+                .map_err(classify)?;
         }
         self.take_offsets();
         Ok(())
@@ -266,7 +276,9 @@ fn classify(error: KafkaError) -> CommitError {
         KafkaError::Transaction(inner) if inner.txn_requires_abort() => {
             CommitError::Aborted(error.to_string())
         }
-        KafkaError::Transaction(inner) if inner.is_retriable() => CommitError::Aborted(error.to_string()),
+        KafkaError::Transaction(inner) if inner.is_retriable() => {
+            CommitError::Aborted(error.to_string())
+        }
         _ => CommitError::Fatal(error.to_string()),
     }
 }

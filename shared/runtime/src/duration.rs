@@ -63,8 +63,13 @@ impl FromStr for HumanDuration {
 impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let millis = self.0.as_millis();
-        for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-            if millis != 0 && millis % size == 0 {
+        for (unit, size) in [
+            ("d", 86_400_000),
+            ("h", 3_600_000),
+            ("m", 60_000),
+            ("s", 1_000),
+        ] {
+            if millis != 0 && millis.is_multiple_of(size) {
                 return write!(f, "{}{unit}", millis / size);
             }
         }
@@ -78,11 +83,26 @@ mod tests {
 
     #[test]
     fn parses_every_unit() {
-        assert_eq!("250ms".parse::<HumanDuration>().unwrap().as_millis_i64(), 250);
-        assert_eq!("30s".parse::<HumanDuration>().unwrap().as_millis_i64(), 30_000);
-        assert_eq!("5m".parse::<HumanDuration>().unwrap().as_millis_i64(), 300_000);
-        assert_eq!("2h".parse::<HumanDuration>().unwrap().as_millis_i64(), 7_200_000);
-        assert_eq!("7d".parse::<HumanDuration>().unwrap().as_millis_i64(), 604_800_000);
+        assert_eq!(
+            "250ms".parse::<HumanDuration>().unwrap().as_millis_i64(),
+            250
+        );
+        assert_eq!(
+            "30s".parse::<HumanDuration>().unwrap().as_millis_i64(),
+            30_000
+        );
+        assert_eq!(
+            "5m".parse::<HumanDuration>().unwrap().as_millis_i64(),
+            300_000
+        );
+        assert_eq!(
+            "2h".parse::<HumanDuration>().unwrap().as_millis_i64(),
+            7_200_000
+        );
+        assert_eq!(
+            "7d".parse::<HumanDuration>().unwrap().as_millis_i64(),
+            604_800_000
+        );
         assert_eq!("0".parse::<HumanDuration>().unwrap().as_millis_i64(), 0);
     }
 

@@ -285,31 +285,50 @@ impl<P: Processor> Engine<P> {
         };
         let (slot, entry) = match self.topics[topic_index].1 {
             Route::Upstream { slot } => {
-                self.positions.insert((topic_index, partition), message.offset() + 1);
+                self.positions
+                    .insert((topic_index, partition), message.offset() + 1);
                 return self.forward_upstream(topic_index, slot, message);
             }
             Route::Repartitioned { slot } if header_i64(message, WATERMARK_HEADER).is_some() => {
                 let watermark = header_i64(message, WATERMARK_HEADER).unwrap_or(i64::MIN);
                 let source = header_u32(message, SOURCE_HEADER).unwrap_or(0) as usize;
-                (slot, Pending::Announcement { source, watermark, origin })
+                (
+                    slot,
+                    Pending::Announcement {
+                        source,
+                        watermark,
+                        origin,
+                    },
+                )
             }
-            Route::Direct { slot } | Route::Repartitioned { slot } => match self.decode(slot, message) {
-                Ok((value, event_time)) => {
-                    let key = message
-                        .key()
-                        .map(|k| String::from_utf8_lossy(k).into_owned());
-                    let raw = self
-                        .settings
-                        .late_topic
-                        .is_some()
-                        .then(|| message.payload().unwrap_or_default().to_vec());
-                    (slot, Pending::Record { key, value, event_time, origin, raw })
+            Route::Direct { slot } | Route::Repartitioned { slot } => {
+                match self.decode(slot, message) {
+                    Ok((value, event_time)) => {
+                        let key = message
+                            .key()
+                            .map(|k| String::from_utf8_lossy(k).into_owned());
+                        let raw = self
+                            .settings
+                            .late_topic
+                            .is_some()
+                            .then(|| message.payload().unwrap_or_default().to_vec());
+                        (
+                            slot,
+                            Pending::Record {
+                                key,
+                                value,
+                                event_time,
+                                origin,
+                                raw,
+                            },
+                        )
+                    }
+                    Err(error) => {
+                        self.dead_letter(topic_index, message, &error)?;
+                        (slot, Pending::Skipped { origin })
+                    }
                 }
-                Err(error) => {
-                    self.dead_letter(topic_index, message, &error)?;
-                    (slot, Pending::Skipped { origin })
-                }
-            },
+            }
         };
         let Some(task) = self.tasks.get_mut(&partition) else {
             anyhow::bail!("record from {}-{partition} has no task", message.topic());
@@ -318,14 +337,20 @@ impl<P: Processor> Engine<P> {
         self.drain(partition)
     }
 
-    fn decode(&mut self, slot: usize, message: &BorrowedMessage<'_>) -> Result<(P::Input, i64), DecodeError> {
+    fn decode(
+        &mut self,
+        slot: usize,
+        message: &BorrowedMessage<'_>,
+    ) -> Result<(P::Input, i64), DecodeError> {
         if let Some(key) = message.key() {
             std::str::from_utf8(key)
                 .map_err(|_| DecodeError::NotWireFormat("record key is not UTF-8".into()))?;
         }
         let payload = message.payload().unwrap_or_default();
         let shutdown = &self.shutdown;
-        (self.inputs[slot].decode)(&self.registry, payload, &|| shutdown.load(Ordering::Relaxed))
+        (self.inputs[slot].decode)(&self.registry, payload, &|| {
+            shutdown.load(Ordering::Relaxed)
+        })
     }
 
     /// Handles every buffered entry of task `partition` that may go now.
@@ -351,19 +376,29 @@ impl<P: Processor> Engine<P> {
             while let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now) {
                 let origin = entry.origin();
                 match entry {
-                    Pending::Record { key, value, event_time, raw, .. } => {
-                        let outcome = task.handle_record(&mut env, slot, key.as_deref(), value, event_time)?;
+                    Pending::Record {
+                        key,
+                        value,
+                        event_time,
+                        raw,
+                        ..
+                    } => {
+                        let outcome =
+                            task.handle_record(&mut env, slot, key.as_deref(), value, event_time)?;
                         if outcome == Outcome::Late {
                             self.topic_counts[origin.topic_index].late += 1;
                             late.push((key, raw));
                         }
                     }
-                    Pending::Announcement { source, watermark, .. } => {
+                    Pending::Announcement {
+                        source, watermark, ..
+                    } => {
                         task.handle_announcement(&mut env, slot, source, watermark)?;
                     }
                     Pending::Skipped { .. } => {}
                 }
-                self.positions.insert((origin.topic_index, partition), origin.offset + 1);
+                self.positions
+                    .insert((origin.topic_index, partition), origin.offset + 1);
             }
         }
         if let Some(late_topic) = &self.settings.late_topic {
@@ -382,7 +417,12 @@ impl<P: Processor> Engine<P> {
         Ok(())
     }
 
-    fn forward_upstream(&mut self, topic_index: usize, slot: usize, message: &BorrowedMessage<'_>) -> anyhow::Result<()> {
+    fn forward_upstream(
+        &mut self,
+        topic_index: usize,
+        slot: usize,
+        message: &BorrowedMessage<'_>,
+    ) -> anyhow::Result<()> {
         let (value, event_time) = match self.decode(slot, message) {
             Ok(decoded) => decoded,
             Err(error) => return self.dead_letter(topic_index, message, &error),
@@ -401,14 +441,26 @@ impl<P: Processor> Engine<P> {
             tag: UNTRACKED,
         })?;
         *self.produced.entry(repartition.topic.clone()).or_default() += 1;
-        let clock = self.upstream.entry((slot, message.partition())).or_default();
-        clock.max_event_time = Some(clock.max_event_time.map_or(event_time, |m| m.max(event_time)));
+        let clock = self
+            .upstream
+            .entry((slot, message.partition()))
+            .or_default();
+        clock.max_event_time = Some(
+            clock
+                .max_event_time
+                .map_or(event_time, |m| m.max(event_time)),
+        );
         Ok(())
     }
 
     /// Copies an undecodable record to the dead-letter topic, with headers
     /// naming the error and where the record came from.
-    fn dead_letter(&mut self, topic_index: usize, message: &BorrowedMessage<'_>, error: &DecodeError) -> anyhow::Result<()> {
+    fn dead_letter(
+        &mut self,
+        topic_index: usize,
+        message: &BorrowedMessage<'_>,
+        error: &DecodeError,
+    ) -> anyhow::Result<()> {
         tracing::warn!(
             topic = message.topic(),
             partition = message.partition(),
@@ -420,11 +472,26 @@ impl<P: Processor> Engine<P> {
         let partition_text = message.partition().to_string();
         let offset_text = message.offset().to_string();
         let headers = OwnedHeaders::new_with_capacity(5)
-            .insert(Header { key: "dlq.error.kind", value: Some(error.kind()) })
-            .insert(Header { key: "dlq.error.message", value: Some(message_text.as_str()) })
-            .insert(Header { key: "dlq.source.topic", value: Some(message.topic()) })
-            .insert(Header { key: "dlq.source.partition", value: Some(partition_text.as_str()) })
-            .insert(Header { key: "dlq.source.offset", value: Some(offset_text.as_str()) });
+            .insert(Header {
+                key: "dlq.error.kind",
+                value: Some(error.kind()),
+            })
+            .insert(Header {
+                key: "dlq.error.message",
+                value: Some(message_text.as_str()),
+            })
+            .insert(Header {
+                key: "dlq.source.topic",
+                value: Some(message.topic()),
+            })
+            .insert(Header {
+                key: "dlq.source.partition",
+                value: Some(partition_text.as_str()),
+            })
+            .insert(Header {
+                key: "dlq.source.offset",
+                value: Some(offset_text.as_str()),
+            });
         self.delivery.send(Outgoing {
             topic: &self.settings.dlq_topic,
             partition: None,
@@ -434,7 +501,10 @@ impl<P: Processor> Engine<P> {
             tag: UNTRACKED,
         })?;
         self.topic_counts[topic_index].dead_lettered += 1;
-        *self.produced.entry(self.settings.dlq_topic.clone()).or_default() += 1;
+        *self
+            .produced
+            .entry(self.settings.dlq_topic.clone())
+            .or_default() += 1;
         Ok(())
     }
 
@@ -478,18 +548,32 @@ impl<P: Processor> Engine<P> {
     /// repartition topic.
     fn announce_watermarks(&mut self) -> anyhow::Result<()> {
         for ((slot, source), clock) in self.upstream.iter_mut() {
-            let Some(max) = clock.max_event_time else { continue };
+            let Some(max) = clock.max_event_time else {
+                continue;
+            };
             let watermark = max.saturating_sub(self.settings.max_out_of_orderness);
-            if clock.announced.is_some_and(|announced| announced >= watermark) {
+            if clock
+                .announced
+                .is_some_and(|announced| announced >= watermark)
+            {
                 continue;
             }
-            let repartition = self.inputs[*slot].repartition.as_ref().expect("repartitioned input");
+            let repartition = self.inputs[*slot]
+                .repartition
+                .as_ref()
+                .expect("repartitioned input");
             let watermark_bytes = watermark.to_be_bytes();
             let source_bytes = (*source as u32).to_be_bytes();
             for partition in 0..repartition.downstream_partitions {
                 let headers = OwnedHeaders::new_with_capacity(2)
-                    .insert(Header { key: WATERMARK_HEADER, value: Some(&watermark_bytes[..]) })
-                    .insert(Header { key: SOURCE_HEADER, value: Some(&source_bytes[..]) });
+                    .insert(Header {
+                        key: WATERMARK_HEADER,
+                        value: Some(&watermark_bytes[..]),
+                    })
+                    .insert(Header {
+                        key: SOURCE_HEADER,
+                        value: Some(&source_bytes[..]),
+                    });
                 self.delivery.send(Outgoing {
                     topic: &repartition.topic,
                     partition: Some(partition as i32),
@@ -507,7 +591,11 @@ impl<P: Processor> Engine<P> {
     fn offsets_to_commit(&self) -> anyhow::Result<TopicPartitionList> {
         let mut offsets = TopicPartitionList::new();
         for ((topic_index, partition), next) in &self.positions {
-            offsets.add_partition_offset(&self.topics[*topic_index].0, *partition, Offset::Offset(*next))?;
+            offsets.add_partition_offset(
+                &self.topics[*topic_index].0,
+                *partition,
+                Offset::Offset(*next),
+            )?;
         }
         Ok(offsets)
     }
@@ -534,14 +622,17 @@ impl<P: Processor> Engine<P> {
         }
         let offsets = self.offsets_to_commit()?;
         let group = consumer.group_metadata();
-        let result = self.delivery.commit(&offsets, group.as_ref()).and_then(|()| {
-            if self.delivery.is_transactional() || offsets.count() == 0 {
-                return Ok(());
-            }
-            consumer
-                .commit(&offsets, CommitMode::Sync)
-                .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")))
-        });
+        let result = self
+            .delivery
+            .commit(&offsets, group.as_ref())
+            .and_then(|()| {
+                if self.delivery.is_transactional() || offsets.count() == 0 {
+                    return Ok(());
+                }
+                consumer
+                    .commit(&offsets, CommitMode::Sync)
+                    .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")))
+            });
         match result {
             Ok(()) => {
                 let delivered = self.delivery.take_offsets();
@@ -586,7 +677,12 @@ impl<P: Processor> Engine<P> {
                 Offset::Offset(offset) => Offset::Offset(offset),
                 _ => Offset::Beginning,
             };
-            consumer.seek(element.topic(), element.partition(), offset, Duration::from_secs(10))?;
+            consumer.seek(
+                element.topic(),
+                element.partition(),
+                offset,
+                Duration::from_secs(10),
+            )?;
         }
         self.positions.clear();
         Ok(())
@@ -613,9 +709,9 @@ impl<P: Processor> Engine<P> {
             let started = Instant::now();
             let path = self.settings.state_dir.join(format!("task-{partition}"));
             let mut store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
-            let restored = self
-                .restorer
-                .restore(&mut store, &self.settings.changelog_topics, partition)?;
+            let restored =
+                self.restorer
+                    .restore(&mut store, &self.settings.changelog_topics, partition)?;
             self.restored_records += restored;
             let task = Task::open(partition, self.processor.clone(), store, &self.kinds)?;
             tracing::info!(
@@ -632,7 +728,11 @@ impl<P: Processor> Engine<P> {
     }
 
     /// Commits, then closes the tasks of revoked partitions.
-    pub fn revoke(&mut self, consumer: &GroupConsumer<P>, partitions: &TopicPartitionList) -> anyhow::Result<()> {
+    pub fn revoke(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partitions: &TopicPartitionList,
+    ) -> anyhow::Result<()> {
         self.commit(consumer)?;
         for element in partitions.elements() {
             if let Some(index) = self.topic_index(element.topic()) {
@@ -664,7 +764,11 @@ impl<P: Processor> Engine<P> {
             let label = || vec![("topic", topic.clone())];
             snapshot.add(metrics::RECORDS_CONSUMED, label(), counts.consumed);
             snapshot.add(metrics::RECORDS_LATE, label(), counts.late);
-            snapshot.add(metrics::RECORDS_DEAD_LETTERED, label(), counts.dead_lettered);
+            snapshot.add(
+                metrics::RECORDS_DEAD_LETTERED,
+                label(),
+                counts.dead_lettered,
+            );
         }
         snapshot.add(
             metrics::RECORDS_PRODUCED,
@@ -672,14 +776,22 @@ impl<P: Processor> Engine<P> {
             self.output_produced,
         );
         for (topic, count) in &self.produced {
-            snapshot.add(metrics::RECORDS_PRODUCED, vec![("topic", topic.clone())], *count);
+            snapshot.add(
+                metrics::RECORDS_PRODUCED,
+                vec![("topic", topic.clone())],
+                *count,
+            );
         }
         snapshot.add(metrics::RESTORED_RECORDS, vec![], self.restored_records);
         snapshot.add(metrics::COMMITS, vec![], self.commits);
         snapshot.add(metrics::COMMITS_ABORTED, vec![], self.commits_aborted);
         snapshot.set(metrics::COMMIT_SECONDS, vec![], self.commit_seconds);
         for (name, count) in &self.processor_counters {
-            snapshot.add(metrics::PROCESSOR_EVENTS, vec![("name", name.to_string())], *count);
+            snapshot.add(
+                metrics::PROCESSOR_EVENTS,
+                vec![("name", name.to_string())],
+                *count,
+            );
         }
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -690,12 +802,23 @@ impl<P: Processor> Engine<P> {
                 let lag = (now_ms.saturating_sub(task.watermark())) as f64 / 1000.0;
                 snapshot.set(metrics::WATERMARK_LAG, label(), lag);
             }
-            snapshot.set(metrics::TIMERS_PENDING, label(), task.timers_pending() as f64);
-            snapshot.set(metrics::STATE_BYTES, label(), task.store.estimated_bytes() as f64);
+            snapshot.set(
+                metrics::TIMERS_PENDING,
+                label(),
+                task.timers_pending() as f64,
+            );
+            snapshot.set(
+                metrics::STATE_BYTES,
+                label(),
+                task.store.estimated_bytes() as f64,
+            );
             for (index, name) in self.settings.store_names.iter().enumerate() {
                 snapshot.set(
                     metrics::STATE_KEYS,
-                    vec![("task", task.partition.to_string()), ("store", name.clone())],
+                    vec![
+                        ("task", task.partition.to_string()),
+                        ("store", name.clone()),
+                    ],
                     task.store.estimated_keys(index) as f64,
                 );
             }

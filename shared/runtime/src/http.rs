@@ -14,18 +14,25 @@ use crate::metrics::Metrics;
 
 /// Binds the listener (so a taken port is a clear startup error) and serves
 /// it on the current tokio runtime.
-pub async fn serve(address: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(address)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {address} for /metrics (--http-addr): {e}"))?;
+pub async fn serve(
+    address: SocketAddr,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(address).await.map_err(|e| {
+        anyhow::anyhow!("cannot listen on {address} for /metrics (--http-addr): {e}")
+    })?;
     tracing::info!(%address, "serving /metrics, /healthz and /readyz");
     Ok(tokio::spawn(async move {
         loop {
-            let Ok((mut socket, _)) = listener.accept().await else { continue };
+            let Ok((mut socket, _)) = listener.accept().await else {
+                continue;
+            };
             let metrics = metrics.clone();
             tokio::spawn(async move {
                 let mut buffer = [0u8; 1024];
-                let Ok(read) = socket.read(&mut buffer).await else { return };
+                let Ok(read) = socket.read(&mut buffer).await else {
+                    return;
+                };
                 let request = String::from_utf8_lossy(&buffer[..read]);
                 let path = request.split_whitespace().nth(1).unwrap_or("/");
                 let (status, content_type, body) = respond(path, &metrics);
@@ -42,11 +49,19 @@ pub async fn serve(address: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result
 fn respond(path: &str, metrics: &Metrics) -> (&'static str, &'static str, String) {
     const TEXT: &str = "text/plain; charset=utf-8";
     match path {
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.snapshot().render()),
+        "/metrics" => (
+            "200 OK",
+            "text/plain; version=0.0.4",
+            metrics.snapshot().render(),
+        ),
         "/healthz" if metrics.has_failed() => ("503 Service Unavailable", TEXT, "failed\n".into()),
         "/healthz" => ("200 OK", TEXT, "ok\n".into()),
         "/readyz" if metrics.is_ready() => ("200 OK", TEXT, "ready\n".into()),
-        "/readyz" => ("503 Service Unavailable", TEXT, "restoring or not assigned\n".into()),
+        "/readyz" => (
+            "503 Service Unavailable",
+            TEXT,
+            "restoring or not assigned\n".into(),
+        ),
         _ => ("404 Not Found", TEXT, "not found\n".into()),
     }
 }

@@ -67,7 +67,9 @@ impl Snapshot {
             .find(|((n, l), _)| {
                 *n == name
                     && l.len() == labels.len()
-                    && l.iter().zip(labels).all(|((k1, v1), (k2, v2))| k1 == k2 && v1 == v2)
+                    && l.iter()
+                        .zip(labels)
+                        .all(|((k1, v1), (k2, v2))| k1 == k2 && v1 == v2)
             })
             .map_or(0, |(_, v)| *v)
     }
@@ -76,7 +78,11 @@ impl Snapshot {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let mut last_name = "";
-        let mut write_series = |out: &mut String, kind: &str, name: &'static str, labels: &[(&'static str, String)], value: String| {
+        let mut write_series = |out: &mut String,
+                                kind: &str,
+                                name: &'static str,
+                                labels: &[(&'static str, String)],
+                                value: String| {
             if name != last_name {
                 let _ = writeln!(out, "# TYPE {name} {kind}");
                 last_name = name;
@@ -152,9 +158,18 @@ mod tests {
         snapshot.add(RECORDS_CONSUMED, vec![("topic", "a\"b".into())], 2);
         snapshot.set(TIMERS_PENDING, vec![("task", "0".into())], 4.0);
         let text = snapshot.render();
-        assert!(text.contains("# TYPE streams_records_consumed_total counter"), "{text}");
-        assert!(text.contains("streams_records_consumed_total{topic=\"a\\\"b\"} 5"), "{text}");
-        assert!(text.contains("streams_timers_pending{task=\"0\"} 4"), "{text}");
+        assert!(
+            text.contains("# TYPE streams_records_consumed_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("streams_records_consumed_total{topic=\"a\\\"b\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("streams_timers_pending{task=\"0\"} 4"),
+            "{text}"
+        );
         assert_eq!(snapshot.counter(RECORDS_CONSUMED, &[("topic", "a\"b")]), 5);
     }
 }

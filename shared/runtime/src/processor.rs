@@ -38,7 +38,11 @@ pub trait Processor: Clone + Send + 'static {
     ) -> anyhow::Result<()>;
 
     /// Handles a timer that came due (the watermark reached its time).
-    fn on_timer(&mut self, ctx: &mut Context<'_, Self::Output>, timer: Timer<'_>) -> anyhow::Result<()>;
+    fn on_timer(
+        &mut self,
+        ctx: &mut Context<'_, Self::Output>,
+        timer: Timer<'_>,
+    ) -> anyhow::Result<()>;
 
     /// Whether a record at `event_time` is late against the task watermark as
     /// it was before the record. Default: strictly before the watermark.
@@ -162,7 +166,11 @@ impl<O: Serialize> Context<'_, O> {
     }
 
     /// The value of `state` for `key`.
-    pub fn get<T: DeserializeOwned>(&self, state: &ValueState<T>, key: &str) -> anyhow::Result<Option<T>> {
+    pub fn get<T: DeserializeOwned>(
+        &self,
+        state: &ValueState<T>,
+        key: &str,
+    ) -> anyhow::Result<Option<T>> {
         let store = self.index(state.name);
         self.store
             .read(store, key.as_bytes(), decode_value::<T>)?
@@ -170,9 +178,15 @@ impl<O: Serialize> Context<'_, O> {
     }
 
     /// Sets the value of `state` for `key`.
-    pub fn put<T: Serialize>(&mut self, state: &ValueState<T>, key: &str, value: &T) -> anyhow::Result<()> {
+    pub fn put<T: Serialize>(
+        &mut self,
+        state: &ValueState<T>,
+        key: &str,
+        value: &T,
+    ) -> anyhow::Result<()> {
         let store = self.index(state.name);
-        self.store.put(store, key.as_bytes().to_vec(), encode_value(value)?);
+        self.store
+            .put(store, key.as_bytes().to_vec(), encode_value(value)?);
         Ok(())
     }
 
@@ -211,7 +225,8 @@ impl<O: Serialize> Context<'_, O> {
         value: &V,
     ) -> anyhow::Result<()> {
         let store = self.index(map.name);
-        self.store.put(store, Self::map_key(key, entry), encode_value(value)?);
+        self.store
+            .put(store, Self::map_key(key, entry), encode_value(value)?);
         Ok(())
     }
 
@@ -233,7 +248,12 @@ impl<O: Serialize> Context<'_, O> {
         self.store
             .scan_prefix(store, &prefix)?
             .into_iter()
-            .map(|(bytes, value)| Ok((K::decode_key(&bytes[prefix.len()..])?, decode_value(&value)?)))
+            .map(|(bytes, value)| {
+                Ok((
+                    K::decode_key(&bytes[prefix.len()..])?,
+                    decode_value(&value)?,
+                ))
+            })
             .collect()
     }
 
@@ -249,7 +269,8 @@ impl<O: Serialize> Context<'_, O> {
             key: key.to_string(),
             name: name.to_string(),
         };
-        self.store.put(self.timer_store, entry.store_key(), Vec::new());
+        self.store
+            .put(self.timer_store, entry.store_key(), Vec::new());
     }
 
     /// Clears the timer `name` of `key`, if set.

@@ -43,7 +43,12 @@ impl Restorer {
 
     /// Brings every store of `store` up to the end of its changelog partition.
     /// Returns the number of changelog records applied.
-    pub fn restore(&self, store: &mut TaskStore, changelogs: &[String], partition: i32) -> anyhow::Result<u64> {
+    pub fn restore(
+        &self,
+        store: &mut TaskStore,
+        changelogs: &[String],
+        partition: i32,
+    ) -> anyhow::Result<u64> {
         let mut restored = 0;
         for (index, topic) in changelogs.iter().enumerate() {
             let start = match store.checkpoint(index)? {
@@ -66,7 +71,9 @@ impl Restorer {
         let (low, high) = self
             .consumer
             .fetch_watermarks(topic, partition, Duration::from_secs(10))
-            .map_err(|e| anyhow::anyhow!("cannot read the end of changelog {topic}-{partition}: {e}"))?;
+            .map_err(|e| {
+                anyhow::anyhow!("cannot read the end of changelog {topic}-{partition}: {e}")
+            })?;
         let first = match start {
             Offset::Offset(offset) => offset.max(low),
             _ => low,

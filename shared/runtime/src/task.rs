@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use crate::avro::AvroEncoder;
 use crate::processor::{Context, OutputSink, Processor, Record, Timer};
 use crate::state::store::{StoreIndex, TaskStore};
-use crate::time::{task_watermark, InputClock, PartitionClock, TimerEntry, TimerQueue, NO_WATERMARK};
+use crate::time::{
+    task_watermark, InputClock, PartitionClock, TimerEntry, TimerQueue, NO_WATERMARK,
+};
 use crate::topology::{TIMER_STORE, WATERMARK_STORE};
 
 /// How one input reaches a task.
@@ -53,7 +55,11 @@ pub(crate) enum Pending<I> {
         raw: Option<Vec<u8>>,
     },
     /// A watermark announcement from upstream task `source`.
-    Announcement { source: usize, watermark: i64, origin: Origin },
+    Announcement {
+        source: usize,
+        watermark: i64,
+        origin: Origin,
+    },
     /// A record already dead-lettered: only its offset remains to be passed.
     Skipped { origin: Origin },
 }
@@ -124,7 +130,12 @@ fn read_i64(store: &TaskStore, index: StoreIndex, key: &[u8]) -> anyhow::Result<
 
 impl<P: Processor> Task<P> {
     /// A task over `store`, with timers and clocks loaded from it.
-    pub fn open(partition: i32, processor: P, store: TaskStore, kinds: &[InputKind]) -> anyhow::Result<Self> {
+    pub fn open(
+        partition: i32,
+        processor: P,
+        store: TaskStore,
+        kinds: &[InputKind],
+    ) -> anyhow::Result<Self> {
         let timer_store = store.index_of(TIMER_STORE).expect("timer store");
         let watermark_store = store.index_of(WATERMARK_STORE).expect("watermark store");
         let mut task = Task {
@@ -158,12 +169,16 @@ impl<P: Processor> Task<P> {
             let clock = match kind {
                 InputKind::Direct => {
                     let mut clock = InputClock::direct();
-                    if let Some(max) = read_i64(&self.store, self.watermark_store, &direct_key(slot))? {
+                    if let Some(max) =
+                        read_i64(&self.store, self.watermark_store, &direct_key(slot))?
+                    {
                         clock.observe(max, now);
                     }
                     clock
                 }
-                InputKind::Repartitioned { upstream_partitions } => {
+                InputKind::Repartitioned {
+                    upstream_partitions,
+                } => {
                     let mut clock = InputClock::repartitioned(*upstream_partitions);
                     for source in 0..*upstream_partitions {
                         let key = upstream_key(slot, source);
@@ -176,8 +191,8 @@ impl<P: Processor> Task<P> {
             };
             self.clocks.push(clock);
         }
-        self.watermark =
-            read_i64(&self.store, self.watermark_store, TASK_WATERMARK_KEY)?.unwrap_or(NO_WATERMARK);
+        self.watermark = read_i64(&self.store, self.watermark_store, TASK_WATERMARK_KEY)?
+            .unwrap_or(NO_WATERMARK);
         self.clocks_dirty = false;
         Ok(())
     }
@@ -190,7 +205,11 @@ impl<P: Processor> Task<P> {
     /// The next entry to handle, if one may go now: the buffer head with the
     /// smallest event time once every input has something buffered, or once
     /// the task has waited `max_idle` for the empty ones.
-    pub fn next_ready(&mut self, max_idle: Duration, now: Instant) -> Option<(usize, Pending<P::Input>)> {
+    pub fn next_ready(
+        &mut self,
+        max_idle: Duration,
+        now: Instant,
+    ) -> Option<(usize, Pending<P::Input>)> {
         let mut best: Option<(usize, i64)> = None;
         let mut some_empty = false;
         for (slot, buffer) in self.buffers.iter().enumerate() {
@@ -304,8 +323,13 @@ impl<P: Processor> Task<P> {
     /// Recomputes the task watermark; if it moved forward, fires every timer
     /// now due, in time order.
     fn advance(&mut self, env: &mut TaskEnv<'_>, now: Instant) -> anyhow::Result<()> {
-        let candidate = task_watermark(&self.clocks, env.max_out_of_orderness, env.idle_timeout, now)
-            .unwrap_or(NO_WATERMARK);
+        let candidate = task_watermark(
+            &self.clocks,
+            env.max_out_of_orderness,
+            env.idle_timeout,
+            now,
+        )
+        .unwrap_or(NO_WATERMARK);
         if candidate <= self.watermark {
             return Ok(());
         }
@@ -330,11 +354,18 @@ impl<P: Processor> Task<P> {
         }
         for (slot, clock) in self.clocks.iter().enumerate() {
             match &clock.clock {
-                PartitionClock::Direct { max_event_time: Some(max) } => {
-                    self.store
-                        .put(self.watermark_store, direct_key(slot), max.to_be_bytes().to_vec());
+                PartitionClock::Direct {
+                    max_event_time: Some(max),
+                } => {
+                    self.store.put(
+                        self.watermark_store,
+                        direct_key(slot),
+                        max.to_be_bytes().to_vec(),
+                    );
                 }
-                PartitionClock::Direct { max_event_time: None } => {}
+                PartitionClock::Direct {
+                    max_event_time: None,
+                } => {}
                 PartitionClock::Repartitioned { upstream } => {
                     for (source, wm) in upstream.iter().enumerate() {
                         if let Some(wm) = wm {

@@ -18,14 +18,10 @@ pub const NO_WATERMARK: i64 = i64::MIN;
 #[derive(Debug, Clone)]
 pub enum PartitionClock {
     /// A source topic partition: the largest event time seen so far.
-    Direct {
-        max_event_time: Option<i64>,
-    },
+    Direct { max_event_time: Option<i64> },
     /// A repartition topic partition: the watermark each upstream task
     /// announced, by upstream partition.
-    Repartitioned {
-        upstream: Vec<Option<i64>>,
-    },
+    Repartitioned { upstream: Vec<Option<i64>> },
 }
 
 /// Event-time progress of one input partition of a task.
@@ -78,8 +74,9 @@ impl InputClock {
     /// This partition's watermark, ignoring idleness.
     pub fn watermark(&self, max_out_of_orderness: i64) -> i64 {
         match &self.clock {
-            PartitionClock::Direct { max_event_time } => max_event_time
-                .map_or(NO_WATERMARK, |m| m.saturating_sub(max_out_of_orderness)),
+            PartitionClock::Direct { max_event_time } => {
+                max_event_time.map_or(NO_WATERMARK, |m| m.saturating_sub(max_out_of_orderness))
+            }
             PartitionClock::Repartitioned { upstream } => upstream
                 .iter()
                 .map(|w| w.unwrap_or(NO_WATERMARK))
@@ -106,7 +103,10 @@ pub fn task_watermark(
     now: Instant,
 ) -> Option<i64> {
     let Some(idle_timeout) = idle_timeout else {
-        return inputs.iter().map(|i| i.watermark(max_out_of_orderness)).min();
+        return inputs
+            .iter()
+            .map(|i| i.watermark(max_out_of_orderness))
+            .min();
     };
     if let [only] = inputs {
         let base = only.watermark(max_out_of_orderness);
@@ -178,7 +178,9 @@ impl TimerQueue {
         if self.by_key.is_empty() {
             return None;
         }
-        self.by_key.get(&(key.to_string(), name.to_string())).copied()
+        self.by_key
+            .get(&(key.to_string(), name.to_string()))
+            .copied()
     }
 
     /// Sets timer `name` of `key` to `time`, returning the entry it replaced.
@@ -236,10 +238,16 @@ mod tests {
         let mut a = InputClock::direct();
         let b = InputClock::direct();
         a.observe(10_000, now);
-        assert_eq!(task_watermark(&[a.clone(), b.clone()], 0, None, now), Some(NO_WATERMARK));
+        assert_eq!(
+            task_watermark(&[a.clone(), b.clone()], 0, None, now),
+            Some(NO_WATERMARK)
+        );
         let mut b = b;
         b.observe(4_000, now);
-        assert_eq!(task_watermark(&[a.clone(), b.clone()], 1_000, None, now), Some(3_000));
+        assert_eq!(
+            task_watermark(&[a.clone(), b.clone()], 1_000, None, now),
+            Some(3_000)
+        );
     }
 
     #[test]
@@ -263,7 +271,10 @@ mod tests {
         let wm = task_watermark(&[input.clone()], 0, Some(Duration::from_secs(2)), later).unwrap();
         assert_eq!(wm, 6_000);
         let soon = start + Duration::from_secs(1);
-        assert_eq!(task_watermark(&[input], 0, Some(Duration::from_secs(2)), soon), Some(1_000));
+        assert_eq!(
+            task_watermark(&[input], 0, Some(Duration::from_secs(2)), soon),
+            Some(1_000)
+        );
     }
 
     #[test]
@@ -293,8 +304,16 @@ mod tests {
 
     #[test]
     fn timer_store_keys_sort_by_time_even_before_the_epoch() {
-        let early = TimerEntry { time: -5, key: "z".into(), name: "t".into() };
-        let late = TimerEntry { time: 7, key: "a".into(), name: "t".into() };
+        let early = TimerEntry {
+            time: -5,
+            key: "z".into(),
+            name: "t".into(),
+        };
+        let late = TimerEntry {
+            time: 7,
+            key: "a".into(),
+            name: "t".into(),
+        };
         assert!(early.store_key() < late.store_key());
         assert_eq!(TimerEntry::from_store_key(&late.store_key()).unwrap(), late);
     }

@@ -35,7 +35,11 @@ pub struct Admin {
 impl Admin {
     /// Connects, and fails with a clear message if the broker does not answer
     /// within `timeout`.
-    pub fn connect(config: &ClientConfig, runtime: tokio::runtime::Handle, timeout: Duration) -> anyhow::Result<Self> {
+    pub fn connect(
+        config: &ClientConfig,
+        runtime: tokio::runtime::Handle,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
         let bootstrap = config.get("bootstrap.servers").unwrap_or("?").to_string();
         let admin: AdminClient<DefaultClientContext> = config
             .create()
@@ -78,7 +82,9 @@ impl Admin {
         let metadata = self
             .metadata
             .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-            .map_err(|e| anyhow::anyhow!("cannot describe topic {topic} on {}: {e}", self.bootstrap))?;
+            .map_err(|e| {
+                anyhow::anyhow!("cannot describe topic {topic} on {}: {e}", self.bootstrap)
+            })?;
         let found = metadata
             .topics()
             .iter()
@@ -89,7 +95,9 @@ impl Admin {
             let (low, high) = self
                 .metadata
                 .fetch_watermarks(topic, partition.id(), METADATA_TIMEOUT)
-                .map_err(|e| anyhow::anyhow!("cannot read offsets of {topic}-{}: {e}", partition.id()))?;
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot read offsets of {topic}-{}: {e}", partition.id())
+                })?;
             partitions.push(PartitionInfo {
                 id: partition.id(),
                 leader: partition.leader(),
@@ -107,21 +115,29 @@ impl Admin {
         let metadata = self
             .metadata
             .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-            .map_err(|e| anyhow::anyhow!("cannot describe topic {topic} on {}: {e}", self.bootstrap))?;
+            .map_err(|e| {
+                anyhow::anyhow!("cannot describe topic {topic} on {}: {e}", self.bootstrap)
+            })?;
         let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
             return Ok(None);
         };
         match found.error() {
             None if !found.partitions().is_empty() => Ok(Some(found.partitions().len())),
             None => Ok(None),
-            Some(code) if code == RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART => Ok(None),
-            Some(code) if code == RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE => Ok(None),
+            Some(
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART
+                | RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+            ) => Ok(None),
             Some(code) => anyhow::bail!("topic {topic}: {}", RDKafkaErrorCode::from(code)),
         }
     }
 
     /// Waits up to `wait` for every topic to exist; returns their partition counts.
-    pub fn wait_for_topics(&self, topics: &[&str], wait: Duration) -> anyhow::Result<HashMap<String, usize>> {
+    pub fn wait_for_topics(
+        &self,
+        topics: &[&str],
+        wait: Duration,
+    ) -> anyhow::Result<HashMap<String, usize>> {
         let deadline = Instant::now() + wait;
         let mut last_log = Instant::now();
         loop {
@@ -156,7 +172,12 @@ impl Admin {
 
     /// Creates `topic` with `partitions` and `configs` unless it exists;
     /// returns its partition count.
-    pub fn ensure_topic(&self, topic: &str, partitions: usize, configs: &[(&str, &str)]) -> anyhow::Result<usize> {
+    pub fn ensure_topic(
+        &self,
+        topic: &str,
+        partitions: usize,
+        configs: &[(&str, &str)],
+    ) -> anyhow::Result<usize> {
         if let Some(count) = self.partition_count(topic)? {
             return Ok(count);
         }
@@ -182,7 +203,10 @@ impl Admin {
             if let Some(count) = self.partition_count(topic)? {
                 return Ok(count);
             }
-            anyhow::ensure!(Instant::now() < deadline, "topic {topic} was created but does not appear in metadata");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "topic {topic} was created but does not appear in metadata"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }

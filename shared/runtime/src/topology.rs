@@ -76,7 +76,11 @@ pub(crate) const WATERMARK_STORE: &str = "watermarks";
 impl<I> Topology<I> {
     /// A topology for `service` (the default application id) writing
     /// `output_topic` with `output_schema` (Avro JSON).
-    pub fn new(service: &'static str, output_topic: impl Into<String>, output_schema: &str) -> Self {
+    pub fn new(
+        service: &'static str,
+        output_topic: impl Into<String>,
+        output_schema: &str,
+    ) -> Self {
         Topology {
             service,
             inputs: Vec::new(),

@@ -12,7 +12,9 @@ pub fn tumbling_start(time: i64, size: i64) -> i64 {
 pub fn hopping_starts(time: i64, size: i64, advance: i64) -> impl Iterator<Item = i64> {
     let last = tumbling_start(time, advance);
     let first_k = (time - size).div_euclid(advance) + 1;
-    (first_k..).map(move |k| k * advance).take_while(move |start| *start <= last)
+    (first_k..)
+        .map(move |k| k * advance)
+        .take_while(move |start| *start <= last)
 }
 
 #[cfg(test)]

@@ -34,5 +34,7 @@ schemas! {
 
 /// The schema of `topic`, if it is one of the project's topics.
 pub fn for_topic(topic: &str) -> Option<&'static str> {
-    ALL.iter().find(|(name, _)| *name == topic).map(|(_, schema)| *schema)
+    ALL.iter()
+        .find(|(name, _)| *name == topic)
+        .map(|(_, schema)| *schema)
 }

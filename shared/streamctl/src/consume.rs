@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use apache_avro::types::Value;
 use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
 use clap::Args;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -73,10 +73,18 @@ pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
         .set("enable.auto.commit", "false")
         .set(
             "isolation.level",
-            if args.read_uncommitted { "read_uncommitted" } else { "read_committed" },
+            if args.read_uncommitted {
+                "read_uncommitted"
+            } else {
+                "read_committed"
+            },
         );
     let consumer: BaseConsumer = config.create()?;
-    let start = if args.from_beginning { Offset::Beginning } else { Offset::End };
+    let start = if args.from_beginning {
+        Offset::Beginning
+    } else {
+        Offset::End
+    };
     let mut assignment = TopicPartitionList::new();
     for partition in 0..partitions {
         assignment.add_partition_offset(&args.topic, partition as i32, start)?;
@@ -94,14 +102,21 @@ pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
         if args.max.is_some_and(|max| seen >= max) {
             break;
         }
-        if args.idle_exit.is_some_and(|idle| last_record.elapsed() >= idle.as_std()) {
+        if args
+            .idle_exit
+            .is_some_and(|idle| last_record.elapsed() >= idle.as_std())
+        {
             break;
         }
-        let Some(polled) = consumer.poll(Duration::from_millis(100)) else { continue };
+        let Some(polled) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
         let message = polled.map_err(|e| anyhow::anyhow!("consuming {}: {e}", args.topic))?;
         last_record = Instant::now();
         seen += 1;
-        let key = message.key().map(|k| String::from_utf8_lossy(k).into_owned());
+        let key = message
+            .key()
+            .map(|k| String::from_utf8_lossy(k).into_owned());
         let decoded = match message.payload() {
             Some(payload) => decoder.decode(payload),
             None => Ok(Value::Null),
@@ -131,10 +146,15 @@ pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
                     let mut fields = Vec::new();
                     if let Some(headers) = message.headers() {
                         for header in headers.iter() {
-                            let value = header.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                            let value = header
+                                .value
+                                .map(|v| String::from_utf8_lossy(v).into_owned());
                             let mut text = String::new();
                             write_value(&mut text, &value.map_or(Value::Null, Value::String));
-                            fields.push(format!("{}: {text}", serde_json::Value::String(header.key.to_string())));
+                            fields.push(format!(
+                                "{}: {text}",
+                                serde_json::Value::String(header.key.to_string())
+                            ));
                         }
                     }
                     line.push_str(&format!(", \"headers\": {{{}}}}}", fields.join(", ")));

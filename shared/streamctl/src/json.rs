@@ -167,7 +167,8 @@ mod tests {
     #[test]
     fn round_trips_a_fixture_line_exactly() {
         let schema = Schema::parse_str(SCHEMA).unwrap();
-        let text = r#"{"key": "M1", "value": {"id": "M1", "t": 78.0, "at": 1785574810000, "n": 3}}"#;
+        let text =
+            r#"{"key": "M1", "value": {"id": "M1", "t": 78.0, "at": 1785574810000, "n": 3}}"#;
         let line = parse_line(text, &schema).unwrap();
         assert_eq!(format_line(line.key.as_deref(), &line.value), text);
         let with_null = r#"{"key": null, "value": {"id": "x", "t": null, "at": -5, "n": -1}}"#;
@@ -179,7 +180,10 @@ mod tests {
     fn explains_what_is_wrong() {
         let schema = Schema::parse_str(SCHEMA).unwrap();
         let missing = parse_line(r#"{"key": "a", "value": {"id": "a"}}"#, &schema);
-        assert!(missing.unwrap_err().to_string().contains("does not match the schema"));
+        assert!(missing
+            .unwrap_err()
+            .to_string()
+            .contains("does not match the schema"));
         let broken = parse_line(r#"{"key": "a", "value": {"id": "a""#, &schema);
         assert!(broken.unwrap_err().to_string().contains("not valid JSON"));
     }

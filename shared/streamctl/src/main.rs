@@ -19,14 +19,28 @@ use streams_runtime::topics::Admin;
 use streams_runtime::HumanDuration;
 
 #[derive(Parser)]
-#[command(name = "streamctl", version, about = "Topics, and Avro records as JSON lines, on Kafka + a schema registry")]
+#[command(
+    name = "streamctl",
+    version,
+    about = "Topics, and Avro records as JSON lines, on Kafka + a schema registry"
+)]
 struct Cli {
     /// Kafka bootstrap servers.
-    #[arg(long, global = true, env = "KAFKA_BOOTSTRAP_SERVERS", default_value = "127.0.0.1:9092")]
+    #[arg(
+        long,
+        global = true,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:9092"
+    )]
     bootstrap_servers: String,
 
     /// Schema registry URL.
-    #[arg(long, global = true, env = "SCHEMA_REGISTRY_URL", default_value = "http://127.0.0.1:8081")]
+    #[arg(
+        long,
+        global = true,
+        env = "SCHEMA_REGISTRY_URL",
+        default_value = "http://127.0.0.1:8081"
+    )]
     schema_registry_url: String,
 
     /// Any librdkafka property (repeatable), e.g. `--kafka security.protocol=SSL`.
@@ -89,7 +103,11 @@ pub struct Connection {
 impl Connection {
     /// An admin client, failing fast when the broker does not answer.
     pub fn admin(&self) -> anyhow::Result<Admin> {
-        Admin::connect(&self.config, self.runtime.handle().clone(), self.connect_timeout)
+        Admin::connect(
+            &self.config,
+            self.runtime.handle().clone(),
+            self.connect_timeout,
+        )
     }
 
     /// A schema registry client.
@@ -148,7 +166,10 @@ fn topics(connection: &Connection, command: TopicsCommand) -> anyhow::Result<()>
             partitions,
             configs,
         } => {
-            let configs: Vec<(&str, &str)> = configs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let configs: Vec<(&str, &str)> = configs
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
             let existing = admin.partition_count(&name)?;
             let count = admin.ensure_topic(&name, partitions, &configs)?;
             anyhow::ensure!(
@@ -181,5 +202,6 @@ fn topics(connection: &Connection, command: TopicsCommand) -> anyhow::Result<()>
 
 /// Reads a schema file.
 pub fn read_schema(path: &PathBuf) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read schema {}: {e}", path.display()))
+    std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read schema {}: {e}", path.display()))
 }

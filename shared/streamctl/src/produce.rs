@@ -47,7 +47,8 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
     let encoding = match &args.schema {
         Some(path) => {
             let json = read_schema(path)?;
-            let schema = leak_schema(&json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let schema =
+                leak_schema(&json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             Encoding::Avro {
                 path: path.clone(),
                 json,
@@ -58,7 +59,8 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
     };
     let input: Box<dyn Read> = match &args.file {
         Some(path) if path.as_os_str() != "-" => Box::new(
-            std::fs::File::open(path).map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?,
+            std::fs::File::open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?,
         ),
         _ => Box::new(std::io::stdin()),
     };
@@ -70,7 +72,8 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
     let mut raw_lines: Vec<RawLine> = Vec::new();
     for (index, text) in BufReader::new(input).lines().enumerate() {
         let number = index + 1;
-        let text = text.map_err(|e| anyhow::anyhow!("{source}: line {number}: cannot read: {e}"))?;
+        let text =
+            text.map_err(|e| anyhow::anyhow!("{source}: line {number}: cannot read: {e}"))?;
         if text.trim().is_empty() {
             continue;
         }
@@ -78,7 +81,8 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
             Encoding::Avro { schema, .. } => parse_line(&text, schema).map(|line| lines.push(line)),
             Encoding::Raw => parse_raw_line(&text).map(|line| raw_lines.push(line)),
         };
-        parsed.map_err(|e| anyhow::anyhow!("{source}: line {number}: {e}; nothing was produced"))?;
+        parsed
+            .map_err(|e| anyhow::anyhow!("{source}: line {number}: {e}; nothing was produced"))?;
     }
 
     let admin = connection.admin()?;
@@ -92,7 +96,12 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
         let schema_id = connection
             .registry()?
             .register(&subject, json)
-            .map_err(|e| anyhow::anyhow!("the schema registry refused {} for subject {subject}: {e}", path.display()))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "the schema registry refused {} for subject {subject}: {e}",
+                    path.display()
+                )
+            })?;
         let encoder = AvroEncoder::new(schema, schema_id)?;
         let mut payload = Vec::with_capacity(256);
         for line in lines {
@@ -124,7 +133,12 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
     }
     delivery
         .commit(&rdkafka::TopicPartitionList::new(), None)
-        .map_err(|e| anyhow::anyhow!("producing to {} failed, nothing was committed: {e}", args.topic))?;
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "producing to {} failed, nothing was committed: {e}",
+                args.topic
+            )
+        })?;
     eprintln!("produced {} records to {}", raw_lines.len(), args.topic);
     Ok(())
 }

@@ -50,7 +50,11 @@ pub fn render(rows: &[(Option<String>, Value)]) -> String {
         out += &line(row);
     }
     out += &rule;
-    out += &format!("{} row{} in set\n", cells.len(), if cells.len() == 1 { "" } else { "s" });
+    out += &format!(
+        "{} row{} in set\n",
+        cells.len(),
+        if cells.len() == 1 { "" } else { "s" }
+    );
     out
 }
 
@@ -76,11 +80,17 @@ mod tests {
         let rows = vec![
             (
                 Some("1".to_string()),
-                Value::Record(vec![("customer".into(), Value::String("Art Vandelay".into())), ("hr".into(), Value::Long(1))]),
+                Value::Record(vec![
+                    ("customer".into(), Value::String("Art Vandelay".into())),
+                    ("hr".into(), Value::Long(1)),
+                ]),
             ),
             (
                 Some("10".to_string()),
-                Value::Record(vec![("customer".into(), Value::String("Bo".into())), ("hr".into(), Value::Long(120))]),
+                Value::Record(vec![
+                    ("customer".into(), Value::String("Bo".into())),
+                    ("hr".into(), Value::Long(120)),
+                ]),
             ),
         ];
         let table = render(&rows);

@@ -149,8 +149,18 @@ mod tests {
     fn adding_a_defaulted_field_keeps_old_values_readable() {
         let old = encode_value(&V1 { count: 3 }).unwrap();
         let upgraded: V2 = decode_value(&old).unwrap();
-        assert_eq!(upgraded, V2 { count: 3, total: 0.0 });
-        let new = encode_value(&V2 { count: 4, total: 1.5 }).unwrap();
+        assert_eq!(
+            upgraded,
+            V2 {
+                count: 3,
+                total: 0.0
+            }
+        );
+        let new = encode_value(&V2 {
+            count: 4,
+            total: 1.5,
+        })
+        .unwrap();
         let downgraded: V1 = decode_value(&new).unwrap();
         assert_eq!(downgraded, V1 { count: 4 });
     }

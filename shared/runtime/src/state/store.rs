@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options,
-    WriteBatch, WriteBufferManager, DB,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
+    WriteBufferManager, DB,
 };
 
 /// Column family holding, per store, the last changelog offset applied locally.
@@ -35,8 +35,11 @@ impl StateResources {
     /// Resources capped at `limit_bytes` in total.
     pub fn new(limit_bytes: usize) -> Self {
         let cache = Cache::new_lru_cache(limit_bytes);
-        let write_buffers =
-            WriteBufferManager::new_write_buffer_manager_with_cache(limit_bytes / 2, false, cache.clone());
+        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            limit_bytes / 2,
+            false,
+            cache.clone(),
+        );
         StateResources {
             cache,
             write_buffers,
@@ -76,8 +79,9 @@ pub type StoreIndex = usize;
 impl TaskStore {
     /// Opens (or creates) the database at `path` with one column family per store.
     pub fn open(path: &Path, names: &[String], resources: &StateResources) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(path)
-            .map_err(|e| anyhow::anyhow!("cannot create state directory {}: {e}", path.display()))?;
+        std::fs::create_dir_all(path).map_err(|e| {
+            anyhow::anyhow!("cannot create state directory {}: {e}", path.display())
+        })?;
         let options = resources.options();
         let families = names
             .iter()
@@ -140,11 +144,16 @@ impl TaskStore {
     }
 
     /// All entries whose key starts with `prefix`, in key order, overlay included.
-    pub fn scan_prefix(&self, store: StoreIndex, prefix: &[u8]) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    pub fn scan_prefix(
+        &self,
+        store: StoreIndex,
+        prefix: &[u8],
+    ) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-        let iterator = self
-            .db
-            .iterator_cf(self.family(store), IteratorMode::From(prefix, Direction::Forward));
+        let iterator = self.db.iterator_cf(
+            self.family(store),
+            IteratorMode::From(prefix, Direction::Forward),
+        );
         for entry in iterator {
             let (key, value) = entry?;
             if !key.starts_with(prefix) {
@@ -196,7 +205,11 @@ impl TaskStore {
         }
         let checkpoint_family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
         for (store, offset) in checkpoints {
-            batch.put_cf(checkpoint_family, self.names[*store].as_bytes(), offset.to_be_bytes());
+            batch.put_cf(
+                checkpoint_family,
+                self.names[*store].as_bytes(),
+                offset.to_be_bytes(),
+            );
         }
         self.db.write(batch)?;
         self.discard_overlay();
@@ -211,7 +224,9 @@ impl TaskStore {
     /// The last changelog offset applied locally for `store`, if any.
     pub fn checkpoint(&self, store: StoreIndex) -> anyhow::Result<Option<i64>> {
         let family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
-        let value = self.db.get_pinned_cf(family, self.names[store].as_bytes())?;
+        let value = self
+            .db
+            .get_pinned_cf(family, self.names[store].as_bytes())?;
         Ok(value.and_then(|bytes| bytes.as_ref().try_into().ok().map(i64::from_be_bytes)))
     }
 
@@ -232,7 +247,11 @@ impl TaskStore {
             }
         }
         let checkpoint_family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
-        batch.put_cf(checkpoint_family, self.names[store].as_bytes(), last_offset.to_be_bytes());
+        batch.put_cf(
+            checkpoint_family,
+            self.names[store].as_bytes(),
+            last_offset.to_be_bytes(),
+        );
         self.db.write(batch)?;
         Ok(())
     }
@@ -293,9 +312,15 @@ mod tests {
         store.put(0, b"k".to_vec(), b"1".to_vec());
         store.apply_overlay(&[(0, 7)]).unwrap();
         store.put(0, b"k".to_vec(), b"2".to_vec());
-        assert_eq!(store.read(0, b"k", |v| v.to_vec()).unwrap(), Some(b"2".to_vec()));
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"2".to_vec())
+        );
         store.discard_overlay();
-        assert_eq!(store.read(0, b"k", |v| v.to_vec()).unwrap(), Some(b"1".to_vec()));
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"1".to_vec())
+        );
         store.delete(0, b"k".to_vec());
         assert_eq!(store.read(0, b"k", |v| v.to_vec()).unwrap(), None);
         assert_eq!(store.checkpoint(0).unwrap(), Some(7));
