@@ -6,6 +6,7 @@
 #   stack.sh down      stop what `up` started (pid files), keep Kafka data
 #   stack.sh status    running/stopped + whether each port answers (always exits 0)
 #   stack.sh clean     down + delete Kafka data, logs and registry config (keeps jars/binary)
+#   stack.sh restart-kafka  stop and start the broker only (data kept)
 #
 # Env: STACK_HOME (/var/tmp/streams-stack), KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093),
 #      SCHEMA_REGISTRY_PORT (8081), KAFKA_HEAP_OPTS (-Xms256m -Xmx1g), STACK_WIPE=1 (fresh
@@ -389,6 +390,13 @@ cmd_down() {
   if [ "$any" = 1 ]; then log "stopped (Kafka data kept in $KAFKA_DATA)"; else log "nothing running"; fi
 }
 
+# Restarts only the broker (data kept), e.g. to test that clients reconnect.
+cmd_restart_kafka() {
+  local pid
+  if pid="$(kafka_pid)"; then stop_pid kafka "$pid" "$KAFKA_PID"; fi
+  cmd_up
+}
+
 cmd_status() {
   local pid state answer
   if pid="$(kafka_pid)"; then state="running (pid $pid)"; else state="stopped"; fi
@@ -419,7 +427,7 @@ lock() {
 }
 
 case "${1:-}" in
-  install|up|down|clean) lock ;;
+  install|up|down|clean|restart-kafka) lock ;;
 esac
 case "${1:-}" in
   install) cmd_install ;;
@@ -427,5 +435,6 @@ case "${1:-}" in
   down)    cmd_down ;;
   status)  cmd_status ;;
   clean)   cmd_clean ;;
-  *) echo "usage: $0 {install|up|down|status|clean}" >&2; exit 2 ;;
+  restart-kafka) cmd_restart_kafka ;;
+  *) echo "usage: $0 {install|up|down|status|clean|restart-kafka}" >&2; exit 2 ;;
 esac

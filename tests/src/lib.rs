@@ -19,6 +19,8 @@ use serde_json::Value;
 
 pub use serde_json::json;
 
+pub mod sessions;
+
 /// Kafka bootstrap servers of the stack under test.
 pub fn bootstrap() -> String {
     std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into())

@@ -1,11 +1,10 @@
 //! sessionizer end to end, and the runtime behaviours it makes visible
 //! (timers, order of work, lateness, dead letters, stored watermarks).
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use e2e_tests::sessions::{event, session};
 use e2e_tests::*;
-use rand::Rng;
 use serde_json::Value;
 
 struct Topics {
@@ -39,16 +38,6 @@ fn service_args(topics: &Topics, extra: &[&str]) -> Vec<String> {
 
 fn start(topics: &Topics, extra: &[&str]) -> Service {
     Service::start("sessionizer", &service_args(topics, extra))
-}
-
-fn event(user: &str, kind: &str, time: i64) -> Value {
-    json!({"key": user, "value": {"user_id": user, "event_type": kind, "event_time": time}})
-}
-
-fn session(user: &str, status: &str, events: &[&str], start: i64, end: i64) -> Value {
-    json!({"key": user, "value": {"user_id": user, "status": status, "duration_millis": end - start,
-        "event_count": events.len(), "event_sequence": events.join(" > "),
-        "session_start": start, "session_end": end}})
 }
 
 const T: i64 = 1_783_345_153_000;
@@ -158,66 +147,14 @@ fn a_record_after_a_deadline_sees_the_timeout_then_starts_a_new_session() {
     );
 }
 
-/// SPEC's sessions for one user's time-ordered events, given that a later
-/// event at or after the inactivity deadline sees the timeout first.
-fn model_sessions(user: &str, events: &[(i64, &str)], timeout: i64) -> Vec<Value> {
-    let mut out = Vec::new();
-    let mut open: Option<(i64, i64, Vec<&str>)> = None;
-    for (time, kind) in events {
-        if let Some((start, latest, kinds)) = open.take() {
-            if *time >= latest + timeout {
-                out.push(session(user, "TIMEOUT", &kinds, start, latest + timeout));
-            } else {
-                open = Some((start, latest, kinds));
-            }
-        }
-        let (start, latest, mut kinds) = open.take().unwrap_or((*time, *time, Vec::new()));
-        kinds.push(kind);
-        if *kind == "LOGOUT" {
-            out.push(session(user, "COMPLETED", &kinds, start, *time));
-        } else {
-            open = Some((start.min(*time), latest.max(*time), kinds));
-        }
-    }
-    out
-}
-
 #[test]
 fn a_thousand_users_over_four_partitions_match_a_model_of_the_spec() {
-    let mut rng = rand::rng();
-    let kinds = ["LOGIN", "VIEW", "SEARCH", "CART", "LOGOUT"];
-    let mut all: Vec<(i64, String, &str)> = Vec::new();
-    let mut per_user: HashMap<String, Vec<(i64, &str)>> = HashMap::new();
-    for u in 0..1000 {
-        let user = format!("user-{u}");
-        let mut time = T + rng.random_range(0..60_000);
-        for _ in 0..rng.random_range(1..8) {
-            let kind = kinds[rng.random_range(0..kinds.len())];
-            per_user.entry(user.clone()).or_default().push((time, kind));
-            all.push((time, user.clone(), kind));
-            time += if rng.random_bool(0.3) {
-                rng.random_range(30_000..90_000)
-            } else {
-                rng.random_range(0..29_000)
-            };
-        }
-        // A far-future event ends whatever is still open.
-        let end = T + 10_000_000;
-        per_user.get_mut(&user).unwrap().push((end, "LOGIN"));
-        all.push((end, user.clone(), "LOGIN"));
-    }
-    all.sort();
-    let mut expected = Vec::new();
-    for (user, events) in &per_user {
-        expected.extend(model_sessions(user, events, 30_000));
-    }
+    let (lines, expected) = e2e_tests::sessions::generate(1000, 7, T);
     let topics = topics(4);
     let service = start(&topics, &[]);
-    let lines: Vec<Value> = all.iter().map(|(t, u, k)| event(u, k, *t)).collect();
     produce(&topics.input, "user-events", &lines);
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
-    assert_eq!(output.len(), expected.len(), "log:\n{}", service.log());
-    assert_eq!(sorted(output), sorted(expected));
+    assert_same_records(&output, &expected, &service.log());
 }
 
 #[test]

@@ -160,11 +160,6 @@ impl Delivery {
         self.producer.poll(Duration::ZERO);
     }
 
-    /// Whether a record has been sent since the last commit.
-    pub fn in_transaction(&self) -> bool {
-        self.in_transaction
-    }
-
     /// Waits for every queued record to be acknowledged and its delivery
     /// report served; returns the first delivery failure since the last call.
     ///
@@ -234,28 +229,32 @@ impl Delivery {
         Ok(())
     }
 
-    /// Aborts the open transaction (or drops unflushed at-least-once records'
-    /// effects by forgetting their reports), after a failure elsewhere.
-    pub fn abort(&mut self) -> Result<(), CommitError> {
-        if self.transactional && self.in_transaction {
-            self.in_transaction = false;
-            self.producer
-                .abort_transaction(self.timeout)
-                .map_err(classify)?;
-        }
-        self.take_offsets();
-        Ok(())
-    }
-
     fn abort_after(&mut self, error: &CommitError) {
         self.in_transaction = false;
         if matches!(error, CommitError::Aborted(_)) {
-            if let Err(abort_error) = self.producer.abort_transaction(self.timeout) {
+            if let Err(abort_error) = self.abort_transaction() {
                 tracing::error!(error = %abort_error, "aborting the transaction failed");
             }
         }
         self.take_offsets();
         self.producer.context().failure.lock().unwrap().take();
+    }
+
+    /// Aborts the open transaction, retrying while the broker is unreachable
+    /// (for up to ten attempts of `timeout` each).
+    fn abort_transaction(&self) -> Result<(), CommitError> {
+        let mut attempts = 0;
+        loop {
+            match self.producer.abort_transaction(self.timeout) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::Transaction(error)) if error.is_retriable() && attempts < 10 => {
+                    attempts += 1;
+                    tracing::warn!(%error, attempts, "retrying the transaction abort");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(error) => return Err(classify(error)),
+            }
+        }
     }
 
     /// The highest offsets delivered per tag since the last call.

@@ -671,7 +671,7 @@ impl<P: Processor> Engine<P> {
             task.rollback()?;
         }
         self.upstream.clear();
-        let committed = consumer.committed(Duration::from_secs(10))?;
+        let committed = self.committed_offsets(consumer)?;
         for element in committed.elements() {
             let offset = match element.offset() {
                 Offset::Offset(offset) => Offset::Offset(offset),
@@ -686,6 +686,20 @@ impl<P: Processor> Engine<P> {
         }
         self.positions.clear();
         Ok(())
+    }
+
+    /// The group's committed offsets, waiting while the broker is unreachable.
+    fn committed_offsets(&self, consumer: &GroupConsumer<P>) -> anyhow::Result<TopicPartitionList> {
+        loop {
+            match consumer.committed(Duration::from_secs(10)) {
+                Ok(offsets) => return Ok(offsets),
+                Err(error) if !self.shutdown.load(Ordering::Relaxed) => {
+                    tracing::warn!(%error, "cannot read committed offsets yet; retrying");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(error) => anyhow::bail!("reading committed offsets: {error}"),
+            }
+        }
     }
 
     /// Opens (and restores) the tasks of newly assigned partitions.
