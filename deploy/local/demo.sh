@@ -46,6 +46,11 @@ start() { # binary http-port args...
   echo "   $binary started (log: $WORK/$binary.log, metrics: http://127.0.0.1:$port/metrics)"
 }
 
+# Output topics exist before anyone reads them (the services would create them too).
+for output in machine-maintenance shipped-orders user-sessions; do
+  streamctl topics create "$(topic "$output")" --partitions 1 >/dev/null
+done
+
 echo "== starting the services"
 start sensor-fusion 19101 --temperature-topic "$(topic temperature-readings)" \
   --humidity-topic "$(topic humidity-readings)" --output-topic "$(topic machine-maintenance)"

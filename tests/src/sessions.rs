@@ -67,7 +67,8 @@ pub fn generate(users: usize, max_events: usize, base: i64) -> (Vec<Value>, Vec<
         per_user.get_mut(&user).unwrap().push((end, "LOGIN"));
         all.push((end, user.clone(), "LOGIN"));
     }
-    all.sort();
+    // Stable: a user's events with equal times keep their generated order.
+    all.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     let expected = per_user
         .iter()
         .flat_map(|(user, events)| model_sessions(user, events, 30_000))
