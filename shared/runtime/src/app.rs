@@ -191,6 +191,7 @@ fn run_service<P: Processor>(
     let delivery = Delivery::new(client_config.clone(), transactional_id.as_deref())?;
     let restorer = Restorer::new(&client_config, &application_id)?;
     let settings = EngineSettings {
+        guarantee: args.processing_guarantee,
         commit_interval: args.commit_interval.as_std(),
         idle_timeout: args.idle_timeout.map(|d| d.as_std()),
         max_task_idle: args.max_task_idle.as_std(),

@@ -30,12 +30,13 @@ use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::avro::{AvroEncoder, DecodeError, Registry};
+use crate::config::ProcessingGuarantee;
 use crate::delivery::{CommitError, Delivery, Outgoing, UNTRACKED};
 use crate::metrics::{self, Metrics, Snapshot};
 use crate::processor::{OutputSink, Processor};
 use crate::restore::Restorer;
 use crate::state::store::{StateResources, TaskStore};
-use crate::task::{InputKind, Origin, Outcome, Pending, Task, TaskEnv};
+use crate::task::{stored_positions, InputKind, Origin, Outcome, Pending, Task, TaskEnv};
 use crate::topology::DecodeFn;
 
 /// Header of a watermark announcement on a repartition topic (i64, big-endian).
@@ -45,6 +46,7 @@ pub const SOURCE_HEADER: &str = "streams.source";
 
 /// Settings of the engine, resolved at startup.
 pub(crate) struct EngineSettings {
+    pub guarantee: ProcessingGuarantee,
     pub commit_interval: Duration,
     pub idle_timeout: Option<Duration>,
     pub max_task_idle: Duration,
@@ -110,6 +112,9 @@ pub(crate) struct Engine<P: Processor> {
     resources: StateResources,
     restorer: Restorer,
     positions: HashMap<(usize, i32), i64>,
+    /// At-least-once only: records below these offsets are already in the
+    /// restored state and are skipped (see `assign`).
+    skip_below: HashMap<(usize, i32), i64>,
     upstream: HashMap<(usize, i32), UpstreamClock>,
     topic_counts: Vec<TopicCounts>,
     produced: HashMap<String, u64>,
@@ -148,12 +153,12 @@ impl<P: Processor> ConsumerContext for EngineContext<P> {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(partitions) => {
                 let mut guard = self.engine.lock().unwrap();
                 if let Some(engine) = guard.as_mut() {
-                    if let Err(error) = engine.assign(partitions) {
+                    if let Err(error) = engine.assign(consumer, partitions) {
                         engine.fatal.get_or_insert(error);
                     }
                 }
@@ -247,6 +252,7 @@ impl<P: Processor> Engine<P> {
             resources,
             restorer,
             positions: HashMap::new(),
+            skip_below: HashMap::new(),
             upstream: HashMap::new(),
             topic_counts,
             produced: HashMap::new(),
@@ -283,6 +289,14 @@ impl<P: Processor> Engine<P> {
             topic_index,
             offset: message.offset(),
         };
+        if self
+            .skip_below
+            .get(&(topic_index, partition))
+            .is_some_and(|floor| message.offset() < *floor)
+        {
+            self.positions.insert((topic_index, partition), message.offset() + 1);
+            return Ok(());
+        }
         let (slot, entry) = match self.topics[topic_index].1 {
             Route::Upstream { slot } => {
                 self.positions
@@ -606,6 +620,11 @@ impl<P: Processor> Engine<P> {
         self.announce_watermarks()?;
         for task in self.tasks.values_mut() {
             task.stage_clocks();
+            for ((topic_index, partition), next) in &self.positions {
+                if *partition == task.partition && Self::is_task_route(self.topics[*topic_index].1) {
+                    task.stage_position(&self.topics[*topic_index].0, *next);
+                }
+            }
             for store in 0..self.settings.store_names.len() {
                 let topic = &self.settings.changelog_topics[store];
                 for (key, value) in task.store.uncommitted(store) {
@@ -703,7 +722,7 @@ impl<P: Processor> Engine<P> {
     }
 
     /// Opens (and restores) the tasks of newly assigned partitions.
-    pub fn assign(&mut self, partitions: &TopicPartitionList) -> anyhow::Result<()> {
+    pub fn assign(&mut self, consumer: &GroupConsumer<P>, partitions: &TopicPartitionList) -> anyhow::Result<()> {
         self.metrics.set_ready(false);
         let mut task_partitions: Vec<i32> = partitions
             .elements()
@@ -721,24 +740,91 @@ impl<P: Processor> Engine<P> {
                 continue;
             }
             let started = Instant::now();
-            let path = self.settings.state_dir.join(format!("task-{partition}"));
-            let mut store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
-            let restored =
-                self.restorer
-                    .restore(&mut store, &self.settings.changelog_topics, partition)?;
-            self.restored_records += restored;
+            let store = self.open_store(consumer, partition)?;
             let task = Task::open(partition, self.processor.clone(), store, &self.kinds)?;
-            tracing::info!(
-                partition,
-                restored,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "task ready"
-            );
+            tracing::info!(partition, elapsed_ms = started.elapsed().as_millis() as u64, "task ready");
             self.tasks.insert(partition, task);
         }
         self.publish_metrics();
         self.metrics.set_ready(true);
         Ok(())
+    }
+
+    /// The topics (engine index, name) whose partition *p* belongs to task *p*.
+    fn task_topics(&self) -> Vec<(usize, &str)> {
+        self.topics
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, route))| Self::is_task_route(*route))
+            .map(|(index, (name, _))| (index, name.as_str()))
+            .collect()
+    }
+
+    /// Opens task `partition`'s store and brings it up to date.
+    ///
+    /// Under exactly-once, local state is committed state: replay the
+    /// changelog past its checkpoint. Under at-least-once, state, changelog
+    /// and offsets are not committed atomically, so the local store (written
+    /// in one batch with the input positions it reflects) is trusted as it is
+    /// when no other instance has committed past it; records below its
+    /// positions are then skipped instead of applied twice. Otherwise the
+    /// local copy is stale: it is dropped and rebuilt from the changelog.
+    fn open_store(&mut self, consumer: &GroupConsumer<P>, partition: i32) -> anyhow::Result<TaskStore> {
+        let path = self.settings.state_dir.join(format!("task-{partition}"));
+        let mut store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
+        let task_topics: Vec<(usize, String)> = self
+            .task_topics()
+            .into_iter()
+            .map(|(index, name)| (index, name.to_string()))
+            .collect();
+        let names: Vec<&str> = task_topics.iter().map(|(_, name)| name.as_str()).collect();
+        let at_least_once = self.settings.guarantee == ProcessingGuarantee::AtLeastOnce;
+        let local = stored_positions(&store, &names)?;
+        let mut replay = true;
+        if at_least_once && local.iter().any(Option::is_some) {
+            let committed = self.committed_for(consumer, &names, partition)?;
+            let stale = local
+                .iter()
+                .zip(&committed)
+                .any(|(local, committed)| committed.is_some_and(|c| local.is_none_or(|l| c > l)));
+            if stale {
+                tracing::info!(partition, "local state is behind the committed offsets; rebuilding it");
+                drop(store);
+                std::fs::remove_dir_all(&path)?;
+                store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
+            } else {
+                replay = false;
+            }
+        }
+        if replay {
+            self.restored_records += self
+                .restorer
+                .restore(&mut store, &self.settings.changelog_topics, partition)?;
+        }
+        if at_least_once {
+            for ((index, _), position) in task_topics.iter().zip(stored_positions(&store, &names)?) {
+                if let Some(position) = position {
+                    self.skip_below.insert((*index, partition), position);
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// The group's committed offsets of `topics` at `partition`.
+    fn committed_for(&self, consumer: &GroupConsumer<P>, topics: &[&str], partition: i32) -> anyhow::Result<Vec<Option<i64>>> {
+        let mut request = TopicPartitionList::new();
+        for topic in topics {
+            request.add_partition(topic, partition);
+        }
+        let committed = consumer.committed_offsets(request, Duration::from_secs(30))?;
+        Ok(topics
+            .iter()
+            .map(|topic| match committed.find_partition(topic, partition).map(|e| e.offset()) {
+                Some(Offset::Offset(offset)) => Some(offset),
+                _ => None,
+            })
+            .collect())
     }
 
     /// Commits, then closes the tasks of revoked partitions.
@@ -751,6 +837,7 @@ impl<P: Processor> Engine<P> {
         for element in partitions.elements() {
             if let Some(index) = self.topic_index(element.topic()) {
                 self.positions.remove(&(index, element.partition()));
+                self.skip_below.remove(&(index, element.partition()));
                 if let Route::Upstream { slot } = self.topics[index].1 {
                     self.upstream.remove(&(slot, element.partition()));
                 }

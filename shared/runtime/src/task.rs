@@ -122,6 +122,23 @@ fn upstream_key(slot: usize, source: usize) -> Vec<u8> {
     key
 }
 
+/// The key of an input partition's next offset in the watermark store.
+fn position_key(topic: &str) -> Vec<u8> {
+    let mut key = vec![b'P'];
+    key.extend_from_slice(topic.as_bytes());
+    key
+}
+
+/// The next input offset of each of `topics` (this task's partition) as
+/// recorded with the state in `store`.
+pub(crate) fn stored_positions(store: &TaskStore, topics: &[&str]) -> anyhow::Result<Vec<Option<i64>>> {
+    let index = store.index_of(WATERMARK_STORE).expect("watermark store");
+    topics
+        .iter()
+        .map(|topic| read_i64(store, index, &position_key(topic)))
+        .collect()
+}
+
 fn read_i64(store: &TaskStore, index: StoreIndex, key: &[u8]) -> anyhow::Result<Option<i64>> {
     Ok(store
         .read(index, key, |bytes| bytes.try_into().map(i64::from_be_bytes))?
@@ -345,6 +362,16 @@ impl<P: Processor> Task<P> {
             self.with_processor(env, |processor, ctx| processor.on_timer(ctx, timer))?;
         }
         Ok(())
+    }
+
+    /// Records the next offset of an input partition with the state, so that
+    /// state and input position can be restored together.
+    pub fn stage_position(&mut self, topic: &str, next_offset: i64) {
+        self.store.put(
+            self.watermark_store,
+            position_key(topic),
+            next_offset.to_be_bytes().to_vec(),
+        );
     }
 
     /// Writes the clocks into state, so that they commit with everything else.
