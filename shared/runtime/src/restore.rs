@@ -60,6 +60,17 @@ impl Restorer {
         Ok(restored)
     }
 
+    /// Whether the consumer's position has reached `end` (it moves past
+    /// transaction markers, which are never delivered as messages).
+    fn reached(&self, topic: &str, partition: i32, end: i64) -> bool {
+        let Ok(positions) = self.consumer.position() else {
+            return false;
+        };
+        positions
+            .find_partition(topic, partition)
+            .is_some_and(|element| matches!(element.offset(), Offset::Offset(offset) if offset >= end))
+    }
+
     fn restore_one(
         &self,
         store: &mut TaskStore,
@@ -108,6 +119,7 @@ impl Restorer {
                 Some(Err(error)) => {
                     tracing::warn!(%error, topic, partition, "error while restoring; retrying");
                 }
+                None if self.reached(topic, partition, high) => break,
                 None if last_progress.elapsed() >= IDLE_END => break,
                 None => {}
             }
