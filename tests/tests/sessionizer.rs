@@ -299,3 +299,51 @@ fn after_a_restart_the_stored_watermark_still_marks_old_records_late() {
     );
     assert!(consume_all(&topics.output).is_empty());
 }
+
+#[test]
+fn records_written_with_an_evolved_schema_are_read_into_the_service_schema() {
+    let topics = topics(1);
+    let service = start(&topics, &[]);
+    produce(&topics.input, "user-events", &[event("kim", "LOGIN", T)]);
+    // A producer upgraded its schema: a new optional field (a compatible change).
+    let evolved = std::env::temp_dir().join(format!("{}.avsc", unique("user-events-v2")));
+    std::fs::write(
+        &evolved,
+        r#"{"type": "record", "name": "UserEvent", "namespace": "io.streams.sessions", "fields": [
+            {"name": "user_id", "type": "string"},
+            {"name": "event_type", "type": "string"},
+            {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "device", "type": ["null", "string"], "default": null}]}"#,
+    )
+    .unwrap();
+    let lines = write_jsonl(&[
+        json!({"key": "kim", "value": {"user_id": "kim", "event_type": "LOGOUT", "event_time": T + 2_000, "device": "phone"}}),
+    ]);
+    streamctl_ok(&[
+        "produce",
+        "--topic",
+        &topics.input,
+        "--schema",
+        evolved.to_str().unwrap(),
+        "--file",
+        lines.to_str().unwrap(),
+    ]);
+    let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
+    assert_eq!(
+        output,
+        vec![session(
+            "kim",
+            "COMPLETED",
+            &["LOGIN", "LOGOUT"],
+            T,
+            T + 2_000
+        )],
+        "log:\n{}",
+        service.log()
+    );
+    let dead = format!(
+        "streams_records_dead_lettered_total{{topic=\"{}\"}}",
+        topics.input
+    );
+    assert_eq!(service.metric(&dead), 0.0);
+}

@@ -294,7 +294,8 @@ impl<P: Processor> Engine<P> {
             .get(&(topic_index, partition))
             .is_some_and(|floor| message.offset() < *floor)
         {
-            self.positions.insert((topic_index, partition), message.offset() + 1);
+            self.positions
+                .insert((topic_index, partition), message.offset() + 1);
             return Ok(());
         }
         let (slot, entry) = match self.topics[topic_index].1 {
@@ -621,7 +622,8 @@ impl<P: Processor> Engine<P> {
         for task in self.tasks.values_mut() {
             task.stage_clocks();
             for ((topic_index, partition), next) in &self.positions {
-                if *partition == task.partition && Self::is_task_route(self.topics[*topic_index].1) {
+                if *partition == task.partition && Self::is_task_route(self.topics[*topic_index].1)
+                {
                     task.stage_position(&self.topics[*topic_index].0, *next);
                 }
             }
@@ -722,7 +724,11 @@ impl<P: Processor> Engine<P> {
     }
 
     /// Opens (and restores) the tasks of newly assigned partitions.
-    pub fn assign(&mut self, consumer: &GroupConsumer<P>, partitions: &TopicPartitionList) -> anyhow::Result<()> {
+    pub fn assign(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partitions: &TopicPartitionList,
+    ) -> anyhow::Result<()> {
         self.metrics.set_ready(false);
         let mut task_partitions: Vec<i32> = partitions
             .elements()
@@ -742,7 +748,11 @@ impl<P: Processor> Engine<P> {
             let started = Instant::now();
             let store = self.open_store(consumer, partition)?;
             let task = Task::open(partition, self.processor.clone(), store, &self.kinds)?;
-            tracing::info!(partition, elapsed_ms = started.elapsed().as_millis() as u64, "task ready");
+            tracing::info!(
+                partition,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "task ready"
+            );
             self.tasks.insert(partition, task);
         }
         self.publish_metrics();
@@ -769,7 +779,11 @@ impl<P: Processor> Engine<P> {
     /// when no other instance has committed past it; records below its
     /// positions are then skipped instead of applied twice. Otherwise the
     /// local copy is stale: it is dropped and rebuilt from the changelog.
-    fn open_store(&mut self, consumer: &GroupConsumer<P>, partition: i32) -> anyhow::Result<TaskStore> {
+    fn open_store(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partition: i32,
+    ) -> anyhow::Result<TaskStore> {
         let path = self.settings.state_dir.join(format!("task-{partition}"));
         let mut store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
         let task_topics: Vec<(usize, String)> = self
@@ -779,7 +793,7 @@ impl<P: Processor> Engine<P> {
             .collect();
         let names: Vec<&str> = task_topics.iter().map(|(_, name)| name.as_str()).collect();
         let at_least_once = self.settings.guarantee == ProcessingGuarantee::AtLeastOnce;
-        let local = stored_positions(&store, &names)?;
+        let local = stored_positions(&mut store, &names)?;
         let mut replay = true;
         if at_least_once && local.iter().any(Option::is_some) {
             let committed = self.committed_for(consumer, &names, partition)?;
@@ -788,7 +802,10 @@ impl<P: Processor> Engine<P> {
                 .zip(&committed)
                 .any(|(local, committed)| committed.is_some_and(|c| local.is_none_or(|l| c > l)));
             if stale {
-                tracing::info!(partition, "local state is behind the committed offsets; rebuilding it");
+                tracing::info!(
+                    partition,
+                    "local state is behind the committed offsets; rebuilding it"
+                );
                 drop(store);
                 std::fs::remove_dir_all(&path)?;
                 store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
@@ -797,12 +814,15 @@ impl<P: Processor> Engine<P> {
             }
         }
         if replay {
-            self.restored_records += self
-                .restorer
-                .restore(&mut store, &self.settings.changelog_topics, partition)?;
+            self.restored_records +=
+                self.restorer
+                    .restore(&mut store, &self.settings.changelog_topics, partition)?;
         }
         if at_least_once {
-            for ((index, _), position) in task_topics.iter().zip(stored_positions(&store, &names)?) {
+            for ((index, _), position) in task_topics
+                .iter()
+                .zip(stored_positions(&mut store, &names)?)
+            {
                 if let Some(position) = position {
                     self.skip_below.insert((*index, partition), position);
                 }
@@ -812,7 +832,12 @@ impl<P: Processor> Engine<P> {
     }
 
     /// The group's committed offsets of `topics` at `partition`.
-    fn committed_for(&self, consumer: &GroupConsumer<P>, topics: &[&str], partition: i32) -> anyhow::Result<Vec<Option<i64>>> {
+    fn committed_for(
+        &self,
+        consumer: &GroupConsumer<P>,
+        topics: &[&str],
+        partition: i32,
+    ) -> anyhow::Result<Vec<Option<i64>>> {
         let mut request = TopicPartitionList::new();
         for topic in topics {
             request.add_partition(topic, partition);
@@ -820,9 +845,14 @@ impl<P: Processor> Engine<P> {
         let committed = consumer.committed_offsets(request, Duration::from_secs(30))?;
         Ok(topics
             .iter()
-            .map(|topic| match committed.find_partition(topic, partition).map(|e| e.offset()) {
-                Some(Offset::Offset(offset)) => Some(offset),
-                _ => None,
+            .map(|topic| {
+                match committed
+                    .find_partition(topic, partition)
+                    .map(|e| e.offset())
+                {
+                    Some(Offset::Offset(offset)) => Some(offset),
+                    _ => None,
+                }
             })
             .collect())
     }

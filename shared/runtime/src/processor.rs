@@ -167,7 +167,7 @@ impl<O: Serialize> Context<'_, O> {
 
     /// The value of `state` for `key`.
     pub fn get<T: DeserializeOwned>(
-        &self,
+        &mut self,
         state: &ValueState<T>,
         key: &str,
     ) -> anyhow::Result<Option<T>> {
@@ -205,7 +205,7 @@ impl<O: Serialize> Context<'_, O> {
 
     /// One entry of `key`'s map.
     pub fn map_get<K: MapKey, V: DeserializeOwned>(
-        &self,
+        &mut self,
         map: &MapState<K, V>,
         key: &str,
         entry: &K,

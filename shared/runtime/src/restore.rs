@@ -66,9 +66,9 @@ impl Restorer {
         let Ok(positions) = self.consumer.position() else {
             return false;
         };
-        positions
-            .find_partition(topic, partition)
-            .is_some_and(|element| matches!(element.offset(), Offset::Offset(offset) if offset >= end))
+        positions.find_partition(topic, partition).is_some_and(
+            |element| matches!(element.offset(), Offset::Offset(offset) if offset >= end),
+        )
     }
 
     fn restore_one(

@@ -131,7 +131,10 @@ fn position_key(topic: &str) -> Vec<u8> {
 
 /// The next input offset of each of `topics` (this task's partition) as
 /// recorded with the state in `store`.
-pub(crate) fn stored_positions(store: &TaskStore, topics: &[&str]) -> anyhow::Result<Vec<Option<i64>>> {
+pub(crate) fn stored_positions(
+    store: &mut TaskStore,
+    topics: &[&str],
+) -> anyhow::Result<Vec<Option<i64>>> {
     let index = store.index_of(WATERMARK_STORE).expect("watermark store");
     topics
         .iter()
@@ -139,7 +142,7 @@ pub(crate) fn stored_positions(store: &TaskStore, topics: &[&str]) -> anyhow::Re
         .collect()
 }
 
-fn read_i64(store: &TaskStore, index: StoreIndex, key: &[u8]) -> anyhow::Result<Option<i64>> {
+fn read_i64(store: &mut TaskStore, index: StoreIndex, key: &[u8]) -> anyhow::Result<Option<i64>> {
     Ok(store
         .read(index, key, |bytes| bytes.try_into().map(i64::from_be_bytes))?
         .transpose()?)
@@ -187,7 +190,7 @@ impl<P: Processor> Task<P> {
                 InputKind::Direct => {
                     let mut clock = InputClock::direct();
                     if let Some(max) =
-                        read_i64(&self.store, self.watermark_store, &direct_key(slot))?
+                        read_i64(&mut self.store, self.watermark_store, &direct_key(slot))?
                     {
                         clock.observe(max, now);
                     }
@@ -199,7 +202,7 @@ impl<P: Processor> Task<P> {
                     let mut clock = InputClock::repartitioned(*upstream_partitions);
                     for source in 0..*upstream_partitions {
                         let key = upstream_key(slot, source);
-                        if let Some(wm) = read_i64(&self.store, self.watermark_store, &key)? {
+                        if let Some(wm) = read_i64(&mut self.store, self.watermark_store, &key)? {
                             clock.announce(source, wm, now);
                         }
                     }
@@ -208,7 +211,7 @@ impl<P: Processor> Task<P> {
             };
             self.clocks.push(clock);
         }
-        self.watermark = read_i64(&self.store, self.watermark_store, TASK_WATERMARK_KEY)?
+        self.watermark = read_i64(&mut self.store, self.watermark_store, TASK_WATERMARK_KEY)?
             .unwrap_or(NO_WATERMARK);
         self.clocks_dirty = false;
         Ok(())

@@ -11,7 +11,7 @@
 //!
 //! The overlay is sorted, so that scans merge it with RocksDB in key order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
@@ -65,12 +65,48 @@ impl StateResources {
 /// Changes of one store not yet committed: `None` is a deletion.
 type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
+/// Committed values read or written recently, per store: two generations of
+/// hash maps give an approximate LRU with O(1) operations and no per-entry
+/// bookkeeping — a key not touched for two generations falls out.
+#[derive(Default)]
+struct ReadCache {
+    recent: HashMap<(StoreIndex, Vec<u8>), Option<Vec<u8>>>,
+    older: HashMap<(StoreIndex, Vec<u8>), Option<Vec<u8>>>,
+}
+
+/// Entries per cache generation (per task).
+const CACHE_GENERATION: usize = 8_192;
+
+impl ReadCache {
+    fn get(&mut self, store: StoreIndex, key: &[u8]) -> Option<&Option<Vec<u8>>> {
+        let lookup = (store, key.to_vec());
+        if !self.recent.contains_key(&lookup) {
+            let value = self.older.remove(&lookup)?;
+            self.insert(lookup.0, lookup.1.clone(), value);
+        }
+        self.recent.get(&lookup)
+    }
+
+    fn insert(&mut self, store: StoreIndex, key: Vec<u8>, value: Option<Vec<u8>>) {
+        if self.recent.len() >= CACHE_GENERATION {
+            self.older = std::mem::take(&mut self.recent);
+        }
+        self.recent.insert((store, key), value);
+    }
+
+    fn clear(&mut self) {
+        self.recent.clear();
+        self.older.clear();
+    }
+}
+
 /// The state of one task: named stores in one RocksDB, plus the overlay.
 pub struct TaskStore {
     db: DB,
     path: PathBuf,
     names: Vec<String>,
     overlay: Vec<Overlay>,
+    cache: ReadCache,
 }
 
 /// Index of a store within its [`TaskStore`], fixed for the process lifetime.
@@ -95,6 +131,7 @@ impl TaskStore {
             path: path.to_path_buf(),
             names: names.to_vec(),
             overlay: vec![Overlay::new(); names.len()],
+            cache: ReadCache::default(),
         })
     }
 
@@ -119,9 +156,10 @@ impl TaskStore {
             .expect("every store has a column family")
     }
 
-    /// Calls `read` with the current value of `key`, if there is one.
+    /// Calls `read` with the current value of `key`, if there is one:
+    /// uncommitted changes first, then the read cache, then RocksDB.
     pub fn read<R>(
-        &self,
+        &mut self,
         store: StoreIndex,
         key: &[u8],
         read: impl FnOnce(&[u8]) -> R,
@@ -129,8 +167,16 @@ impl TaskStore {
         if let Some(change) = self.overlay[store].get(key) {
             return Ok(change.as_deref().map(read));
         }
-        let value = self.db.get_pinned_cf(self.family(store), key)?;
-        Ok(value.as_deref().map(read))
+        if let Some(cached) = self.cache.get(store, key) {
+            return Ok(cached.as_deref().map(read));
+        }
+        let value = self
+            .db
+            .get_pinned_cf(self.family(store), key)?
+            .map(|v| v.to_vec());
+        let result = value.as_deref().map(read);
+        self.cache.insert(store, key.to_vec(), value);
+        Ok(result)
     }
 
     /// Sets `key` to `value` (uncommitted until [`TaskStore::apply_overlay`]).
@@ -212,7 +258,12 @@ impl TaskStore {
             );
         }
         self.db.write(batch)?;
-        self.discard_overlay();
+        // What was just written is what will be read next: keep it cached.
+        for (store, changes) in self.overlay.iter_mut().enumerate() {
+            for (key, value) in std::mem::take(changes) {
+                self.cache.insert(store, key, value);
+            }
+        }
         Ok(())
     }
 
@@ -253,6 +304,7 @@ impl TaskStore {
             last_offset.to_be_bytes(),
         );
         self.db.write(batch)?;
+        self.cache.clear();
         Ok(())
     }
 
@@ -326,6 +378,24 @@ mod tests {
         assert_eq!(store.checkpoint(0).unwrap(), Some(7));
         drop(store);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_read_cache_keeps_recent_keys_and_forgets_old_ones() {
+        let mut cache = ReadCache::default();
+        cache.insert(0, b"hot".to_vec(), Some(b"1".to_vec()));
+        for i in 0..CACHE_GENERATION {
+            cache.insert(0, i.to_be_bytes().to_vec(), None);
+            // Touching a key moves it to the recent generation.
+            assert!(cache.get(0, b"hot").is_some());
+        }
+        for i in 0..2 * CACHE_GENERATION {
+            cache.insert(1, i.to_be_bytes().to_vec(), None);
+        }
+        assert!(
+            cache.get(0, b"hot").is_none(),
+            "two generations untouched: evicted"
+        );
     }
 
     #[test]
