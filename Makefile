@@ -31,5 +31,6 @@ lint: ## rustfmt check and clippy with warnings as errors
 demo: build up ## run every service on the seed data and show the results
 	@bash deploy/local/demo.sh
 
-bench: ## throughput benchmarks
-	@echo "make bench: not available yet (see the issue tracker)"
+bench: deps up ## throughput of every service on the local stack (release build; see BENCHMARKS.md)
+	$(CARGO) build --release --bins
+	@bash tests/bench/throughput.sh

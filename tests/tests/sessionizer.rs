@@ -5,7 +5,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use e2e_tests::sessions::{event, session};
 use e2e_tests::*;
-use serde_json::Value;
 
 struct Topics {
     input: String,

@@ -21,9 +21,11 @@ use crate::engine::{
     Engine, EngineContext, EngineSettings, GroupConsumer, InputRuntime, RepartitionRuntime, Route,
 };
 use crate::metrics::Metrics;
+use crate::output::Output;
 use crate::processor::Processor;
 use crate::restore::Restorer;
 use crate::state::store::StateResources;
+use crate::task::EventTimeSettings;
 use crate::topics::Admin;
 use crate::topology::Topology;
 
@@ -193,12 +195,13 @@ fn run_service<P: Processor>(
     let settings = EngineSettings {
         guarantee: args.processing_guarantee,
         commit_interval: args.commit_interval.as_std(),
-        idle_timeout: args.idle_timeout.map(|d| d.as_std()),
+        event_time: EventTimeSettings {
+            max_out_of_orderness: topology.max_out_of_orderness,
+            idle_timeout: args.idle_timeout.map(|d| d.as_std()),
+        },
         max_task_idle: args.max_task_idle.as_std(),
-        max_out_of_orderness: topology.max_out_of_orderness,
         late_topic: args.late_topic.clone(),
         dlq_topic,
-        output_topic: topology.output_topic.clone(),
         state_dir,
         store_names,
         changelog_topics,
@@ -210,9 +213,8 @@ fn run_service<P: Processor>(
         processor,
         inputs,
         topics.clone(),
-        delivery,
+        Output::new(delivery, topology.output_topic.clone(), encoder),
         registry,
-        encoder,
         StateResources::new(memory_limit),
         restorer,
         metrics.clone(),

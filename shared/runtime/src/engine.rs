@@ -29,14 +29,17 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::avro::{AvroEncoder, DecodeError, Registry};
+use crate::avro::{DecodeError, Registry};
 use crate::config::ProcessingGuarantee;
-use crate::delivery::{CommitError, Delivery, Outgoing, UNTRACKED};
+use crate::delivery::{CommitError, Outgoing, UNTRACKED};
 use crate::metrics::{self, Metrics, Snapshot};
-use crate::processor::{OutputSink, Processor};
+use crate::output::Output;
+use crate::processor::Processor;
 use crate::restore::Restorer;
 use crate::state::store::{StateResources, TaskStore};
-use crate::task::{stored_positions, InputKind, Origin, Outcome, Pending, Task, TaskEnv};
+use crate::task::{
+    stored_positions, EventTimeSettings, InputKind, Origin, Outcome, Pending, Task, TaskEnv,
+};
 use crate::topology::DecodeFn;
 
 /// Header of a watermark announcement on a repartition topic (i64, big-endian).
@@ -48,12 +51,10 @@ pub const SOURCE_HEADER: &str = "streams.source";
 pub(crate) struct EngineSettings {
     pub guarantee: ProcessingGuarantee,
     pub commit_interval: Duration,
-    pub idle_timeout: Option<Duration>,
+    pub event_time: EventTimeSettings,
     pub max_task_idle: Duration,
-    pub max_out_of_orderness: i64,
     pub late_topic: Option<String>,
     pub dlq_topic: String,
-    pub output_topic: String,
     pub state_dir: PathBuf,
     pub store_names: Vec<String>,
     pub changelog_topics: Vec<String>,
@@ -106,9 +107,8 @@ pub(crate) struct Engine<P: Processor> {
     topics: Vec<(String, Route)>,
     kinds: Vec<InputKind>,
     tasks: BTreeMap<i32, Task<P>>,
-    delivery: Delivery,
+    output: Output,
     registry: Registry,
-    encoder: AvroEncoder,
     resources: StateResources,
     restorer: Restorer,
     positions: HashMap<(usize, i32), i64>,
@@ -118,13 +118,11 @@ pub(crate) struct Engine<P: Processor> {
     upstream: HashMap<(usize, i32), UpstreamClock>,
     topic_counts: Vec<TopicCounts>,
     produced: HashMap<String, u64>,
-    output_produced: u64,
     restored_records: u64,
     commits: u64,
     commits_aborted: u64,
     commit_seconds: f64,
     processor_counters: BTreeMap<&'static str, u64>,
-    scratch: Vec<u8>,
     last_commit: Instant,
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
@@ -169,28 +167,6 @@ impl<P: Processor> ConsumerContext for EngineContext<P> {
     }
 }
 
-/// Routes emitted records to the output topic.
-struct OutputTo<'a> {
-    delivery: &'a mut Delivery,
-    topic: &'a str,
-    produced: &'a mut u64,
-}
-
-impl OutputSink for OutputTo<'_> {
-    fn send_output(&mut self, key: Option<&str>, payload: &[u8]) -> anyhow::Result<()> {
-        self.delivery.send(Outgoing {
-            topic: self.topic,
-            partition: None,
-            key: key.map(str::as_bytes),
-            payload: Some(payload),
-            headers: None,
-            tag: UNTRACKED,
-        })?;
-        *self.produced += 1;
-        Ok(())
-    }
-}
-
 /// The delivery tag of a changelog record: which store, which partition.
 fn changelog_tag(store: usize, partition: i32) -> usize {
     1 + store * 1_000_000 + partition as usize
@@ -221,9 +197,8 @@ impl<P: Processor> Engine<P> {
         processor: P,
         inputs: Vec<InputRuntime<P::Input>>,
         topics: Vec<(String, Route)>,
-        delivery: Delivery,
+        output: Output,
         registry: Registry,
-        encoder: AvroEncoder,
         resources: StateResources,
         restorer: Restorer,
         metrics: Arc<Metrics>,
@@ -246,9 +221,8 @@ impl<P: Processor> Engine<P> {
             topics,
             kinds,
             tasks: BTreeMap::new(),
-            delivery,
+            output,
             registry,
-            encoder,
             resources,
             restorer,
             positions: HashMap::new(),
@@ -256,13 +230,11 @@ impl<P: Processor> Engine<P> {
             upstream: HashMap::new(),
             topic_counts,
             produced: HashMap::new(),
-            output_produced: 0,
             restored_records: 0,
             commits: 0,
             commits_aborted: 0,
             commit_seconds: 0.0,
             processor_counters: BTreeMap::new(),
-            scratch: Vec::with_capacity(256),
             last_commit: Instant::now(),
             metrics,
             shutdown,
@@ -376,17 +348,9 @@ impl<P: Processor> Engine<P> {
         let now = Instant::now();
         let mut late = Vec::new();
         {
-            let mut sink = OutputTo {
-                delivery: &mut self.delivery,
-                topic: &self.settings.output_topic,
-                produced: &mut self.output_produced,
-            };
             let mut env = TaskEnv {
-                encoder: &self.encoder,
-                scratch: &mut self.scratch,
-                sink: &mut sink,
-                max_out_of_orderness: self.settings.max_out_of_orderness,
-                idle_timeout: self.settings.idle_timeout,
+                output: &mut self.output,
+                time: self.settings.event_time,
             };
             while let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now) {
                 let origin = entry.origin();
@@ -418,7 +382,7 @@ impl<P: Processor> Engine<P> {
         }
         if let Some(late_topic) = &self.settings.late_topic {
             for (key, raw) in late {
-                self.delivery.send(Outgoing {
+                self.output.delivery.send(Outgoing {
                     topic: late_topic,
                     partition: None,
                     key: key.as_deref().map(str::as_bytes),
@@ -447,7 +411,7 @@ impl<P: Processor> Engine<P> {
             .as_ref()
             .expect("upstream routes have a repartitioning");
         let key = (repartition.key_of)(&value);
-        self.delivery.send(Outgoing {
+        self.output.delivery.send(Outgoing {
             topic: &repartition.topic,
             partition: None,
             key: Some(key.as_bytes()),
@@ -507,7 +471,7 @@ impl<P: Processor> Engine<P> {
                 key: "dlq.source.offset",
                 value: Some(offset_text.as_str()),
             });
-        self.delivery.send(Outgoing {
+        self.output.delivery.send(Outgoing {
             topic: &self.settings.dlq_topic,
             partition: None,
             key: message.key(),
@@ -526,23 +490,15 @@ impl<P: Processor> Engine<P> {
     /// Lets idle partitions move watermarks; serves delivery reports; commits
     /// when the interval has passed.
     pub fn tick(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
-        self.delivery.poll();
+        self.output.delivery.poll();
         let partitions: Vec<i32> = self.tasks.keys().copied().collect();
         for partition in partitions {
             self.drain(partition)?;
         }
-        if self.settings.idle_timeout.is_some() {
-            let mut sink = OutputTo {
-                delivery: &mut self.delivery,
-                topic: &self.settings.output_topic,
-                produced: &mut self.output_produced,
-            };
+        if self.settings.event_time.idle_timeout.is_some() {
             let mut env = TaskEnv {
-                encoder: &self.encoder,
-                scratch: &mut self.scratch,
-                sink: &mut sink,
-                max_out_of_orderness: self.settings.max_out_of_orderness,
-                idle_timeout: self.settings.idle_timeout,
+                output: &mut self.output,
+                time: self.settings.event_time,
             };
             for task in self.tasks.values_mut() {
                 task.tick(&mut env)?;
@@ -566,7 +522,7 @@ impl<P: Processor> Engine<P> {
             let Some(max) = clock.max_event_time else {
                 continue;
             };
-            let watermark = max.saturating_sub(self.settings.max_out_of_orderness);
+            let watermark = max.saturating_sub(self.settings.event_time.max_out_of_orderness);
             if clock
                 .announced
                 .is_some_and(|announced| announced >= watermark)
@@ -589,7 +545,7 @@ impl<P: Processor> Engine<P> {
                         key: SOURCE_HEADER,
                         value: Some(&source_bytes[..]),
                     });
-                self.delivery.send(Outgoing {
+                self.output.delivery.send(Outgoing {
                     topic: &repartition.topic,
                     partition: Some(partition as i32),
                     key: None,
@@ -630,7 +586,7 @@ impl<P: Processor> Engine<P> {
             for store in 0..self.settings.store_names.len() {
                 let topic = &self.settings.changelog_topics[store];
                 for (key, value) in task.store.uncommitted(store) {
-                    self.delivery.send(Outgoing {
+                    self.output.delivery.send(Outgoing {
                         topic,
                         partition: Some(task.partition),
                         key: Some(key),
@@ -644,10 +600,11 @@ impl<P: Processor> Engine<P> {
         let offsets = self.offsets_to_commit()?;
         let group = consumer.group_metadata();
         let result = self
+            .output
             .delivery
             .commit(&offsets, group.as_ref())
             .and_then(|()| {
-                if self.delivery.is_transactional() || offsets.count() == 0 {
+                if self.output.delivery.is_transactional() || offsets.count() == 0 {
                     return Ok(());
                 }
                 consumer
@@ -656,7 +613,7 @@ impl<P: Processor> Engine<P> {
             });
         match result {
             Ok(()) => {
-                let delivered = self.delivery.take_offsets();
+                let delivered = self.output.delivery.take_offsets();
                 for task in self.tasks.values_mut() {
                     let checkpoints: Vec<(usize, i64)> = (0..self.settings.store_names.len())
                         .filter_map(|store| {
@@ -885,7 +842,7 @@ impl<P: Processor> Engine<P> {
     /// Final commit and flush on shutdown.
     pub fn close(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         self.commit(consumer)?;
-        self.delivery.close();
+        self.output.delivery.close();
         Ok(())
     }
 
@@ -903,8 +860,8 @@ impl<P: Processor> Engine<P> {
         }
         snapshot.add(
             metrics::RECORDS_PRODUCED,
-            vec![("topic", self.settings.output_topic.clone())],
-            self.output_produced,
+            vec![("topic", self.output.topic().to_string())],
+            self.output.produced,
         );
         for (topic, count) in &self.produced {
             snapshot.add(

@@ -22,6 +22,7 @@
 //! * `engine`: the processing loop — routing, repartitioning, dead letters,
 //!   commits, rebalances.
 //! * [`delivery`]: the producer, delivery reports and transactions.
+//! * `output`: encoding and producing results to the output topic.
 //! * `restore`: rebuilding task state from changelog topics.
 //! * [`topics`]: startup checks and topic creation.
 //! * [`metrics`] and `http`: what operators see.
@@ -35,6 +36,7 @@ pub mod duration;
 mod engine;
 mod http;
 pub mod metrics;
+mod output;
 pub mod processor;
 mod restore;
 pub mod state;

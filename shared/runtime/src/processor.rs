@@ -18,7 +18,7 @@ use std::marker::PhantomData;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::avro::AvroEncoder;
+use crate::output::Output;
 use crate::state::codec::{decode_value, encode_value, map_prefix, MapKey};
 use crate::state::store::{StoreIndex, TaskStore};
 use crate::time::{TimerEntry, TimerQueue, NO_WATERMARK};
@@ -121,20 +121,13 @@ impl<K, V> MapState<K, V> {
     }
 }
 
-/// Where emitted records go; implemented by the runtime's delivery layer.
-pub(crate) trait OutputSink {
-    fn send_output(&mut self, key: Option<&str>, payload: &[u8]) -> anyhow::Result<()>;
-}
-
 /// What a processor may do while handling a record or a timer.
 pub struct Context<'a, O> {
     pub(crate) store: &'a mut TaskStore,
     pub(crate) timers: &'a mut TimerQueue,
     pub(crate) timer_store: StoreIndex,
     pub(crate) watermark: i64,
-    pub(crate) encoder: &'a AvroEncoder,
-    pub(crate) scratch: &'a mut Vec<u8>,
-    pub(crate) sink: &'a mut dyn OutputSink,
+    pub(crate) output: &'a mut Output,
     pub(crate) counters: &'a mut BTreeMap<&'static str, u64>,
     pub(crate) _output: PhantomData<fn(O)>,
 }
@@ -146,12 +139,9 @@ impl<O: Serialize> Context<'_, O> {
     }
 
     /// Writes `value` to the output topic with `key` (partitioned by murmur2
-    /// of the key). The Kafka timestamp is the time of writing: event time
-    /// lives in the value, and an old event time as record timestamp would
-    /// let time-based retention delete fresh results.
+    /// of the key, like the Java client).
     pub fn emit(&mut self, key: Option<&str>, value: &O) -> anyhow::Result<()> {
-        self.encoder.encode_into(value, self.scratch)?;
-        self.sink.send_output(key, self.scratch)
+        self.output.emit(key, value)
     }
 
     /// Adds one to the service counter `name` (exported as a metric).

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
-use crate::avro::AvroEncoder;
-use crate::processor::{Context, OutputSink, Processor, Record, Timer};
+use crate::output::Output;
+use crate::processor::{Context, Processor, Record, Timer};
 use crate::state::store::{StoreIndex, TaskStore};
 use crate::time::{
     task_watermark, InputClock, PartitionClock, TimerEntry, TimerQueue, NO_WATERMARK,
@@ -27,13 +27,17 @@ pub(crate) enum InputKind {
     Repartitioned { upstream_partitions: usize },
 }
 
-/// What the task borrows from the engine to run processor code.
-pub(crate) struct TaskEnv<'a> {
-    pub encoder: &'a AvroEncoder,
-    pub scratch: &'a mut Vec<u8>,
-    pub sink: &'a mut dyn OutputSink,
+/// How event time advances: the same for every task of an instance.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EventTimeSettings {
     pub max_out_of_orderness: i64,
     pub idle_timeout: Option<Duration>,
+}
+
+/// What the task borrows from the engine to run processor code.
+pub(crate) struct TaskEnv<'a> {
+    pub output: &'a mut Output,
+    pub time: EventTimeSettings,
 }
 
 /// Where a buffered entry came from: its topic (engine index) and offset.
@@ -314,7 +318,7 @@ impl<P: Processor> Task<P> {
 
     /// Lets wall-clock idleness move the watermark (only with an idle timeout).
     pub fn tick(&mut self, env: &mut TaskEnv<'_>) -> anyhow::Result<()> {
-        if env.idle_timeout.is_some() {
+        if env.time.idle_timeout.is_some() {
             self.advance(env, Instant::now())?;
         }
         Ok(())
@@ -331,9 +335,7 @@ impl<P: Processor> Task<P> {
             timers: &mut self.timers,
             timer_store: self.timer_store,
             watermark: self.watermark,
-            encoder: env.encoder,
-            scratch: env.scratch,
-            sink: env.sink,
+            output: env.output,
             counters: &mut self.counters,
             _output: PhantomData,
         };
@@ -345,8 +347,8 @@ impl<P: Processor> Task<P> {
     fn advance(&mut self, env: &mut TaskEnv<'_>, now: Instant) -> anyhow::Result<()> {
         let candidate = task_watermark(
             &self.clocks,
-            env.max_out_of_orderness,
-            env.idle_timeout,
+            env.time.max_out_of_orderness,
+            env.time.idle_timeout,
             now,
         )
         .unwrap_or(NO_WATERMARK);

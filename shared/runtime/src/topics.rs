@@ -77,14 +77,17 @@ impl Admin {
         Ok(names)
     }
 
-    /// Partitions of `topic` with their leader, replicas and offset range.
-    pub fn describe(&self, topic: &str) -> anyhow::Result<Vec<PartitionInfo>> {
-        let metadata = self
-            .metadata
+    fn topic_metadata(&self, topic: &str) -> anyhow::Result<rdkafka::metadata::Metadata> {
+        self.metadata
             .fetch_metadata(Some(topic), METADATA_TIMEOUT)
             .map_err(|e| {
                 anyhow::anyhow!("cannot describe topic {topic} on {}: {e}", self.bootstrap)
-            })?;
+            })
+    }
+
+    /// Partitions of `topic` with their leader, replicas and offset range.
+    pub fn describe(&self, topic: &str) -> anyhow::Result<Vec<PartitionInfo>> {
+        let metadata = self.topic_metadata(topic)?;
         let found = metadata
             .topics()
             .iter()
@@ -112,12 +115,7 @@ impl Admin {
 
     /// Partition count of `topic`, or `None` if it does not exist.
     pub fn partition_count(&self, topic: &str) -> anyhow::Result<Option<usize>> {
-        let metadata = self
-            .metadata
-            .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-            .map_err(|e| {
-                anyhow::anyhow!("cannot describe topic {topic} on {}: {e}", self.bootstrap)
-            })?;
+        let metadata = self.topic_metadata(topic)?;
         let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
             return Ok(None);
         };
