@@ -46,9 +46,11 @@ fn a_broker_restart_mid_run_leaves_the_output_exact() {
 
     let records = wait_for_records(&output, expected.len(), Duration::from_secs(300));
     assert_same_records(&records, &expected, &service.log());
+    let metrics = service.metrics();
     assert!(
-        service.metric(&series) >= lines.len() as f64,
-        "{}",
-        service.metrics()
+        metric_value(&metrics, &series) >= lines.len() as f64,
+        "metrics: {metrics:?}; healthz: {:?}; port {}",
+        http_get(service.http_port, "/healthz"),
+        service.http_port
     );
 }

@@ -58,17 +58,27 @@ pub enum CommitError {
     /// tasks back to their last commit and go on.
     #[error("commit failed and was rolled back: {0}")]
     Aborted(String),
-    /// The producer cannot continue (fenced by a newer instance, or a fatal
-    /// error): the instance must stop.
+    /// The producer cannot continue and could not be recreated.
     #[error("fatal producer error: {0}")]
     Fatal(String),
 }
 
 /// The one producer of an instance.
+///
+/// A failure while sending (a transaction that cannot begin, a record the
+/// queue refuses) is not returned to the processor: it is remembered, later
+/// records of the interval are dropped, and the next [`Delivery::commit`]
+/// fails, so that the caller rolls back and processes the interval again. A
+/// producer left in a fatal state (e.g. after a broker restart in the middle
+/// of a transaction) is replaced by a new one with the same transactional id.
 pub struct Delivery {
     producer: BaseProducer<DeliveryReports>,
+    config: ClientConfig,
     transactional: bool,
     in_transaction: bool,
+    send_failure: Option<String>,
+    /// An abort failed: the transaction state is unknown, start afresh.
+    abort_failed: bool,
     timeout: Duration,
 }
 
@@ -98,21 +108,62 @@ impl Delivery {
                 .set("transactional.id", id)
                 .set("transaction.timeout.ms", "10000");
         }
+        let timeout = Duration::from_secs(30);
+        let transactional = transactional_id.is_some();
+        let producer = Self::create(&config, transactional, timeout)?;
+        Ok(Delivery {
+            producer,
+            config,
+            transactional,
+            in_transaction: false,
+            send_failure: None,
+            abort_failed: false,
+            timeout,
+        })
+    }
+
+    fn create(
+        config: &ClientConfig,
+        transactional: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<BaseProducer<DeliveryReports>> {
         let producer: BaseProducer<DeliveryReports> = config
             .create_with_context(DeliveryReports::default())
             .map_err(|e| anyhow::anyhow!("cannot create the Kafka producer: {e}"))?;
-        let timeout = Duration::from_secs(30);
-        if transactional_id.is_some() {
+        if transactional {
             producer
                 .init_transactions(timeout)
                 .map_err(|e| anyhow::anyhow!("cannot initialise Kafka transactions: {e}"))?;
         }
-        Ok(Delivery {
-            producer,
-            transactional: transactional_id.is_some(),
-            in_transaction: false,
-            timeout,
-        })
+        Ok(producer)
+    }
+
+    /// Replaces a producer that librdkafka declared unusable, retrying while
+    /// the broker is unreachable (ten attempts).
+    fn replace_if_fatal(&mut self) -> Result<(), CommitError> {
+        let reason = match self.producer.client().fatal_error() {
+            Some((_, reason)) => reason,
+            None if self.abort_failed => "a transaction could not be aborted".to_string(),
+            None => return Ok(()),
+        };
+        tracing::warn!(%reason, "the producer failed fatally; replacing it");
+        let mut attempts = 0;
+        loop {
+            match Self::create(&self.config, self.transactional, self.timeout) {
+                Ok(producer) => {
+                    self.producer = producer;
+                    self.in_transaction = false;
+                    self.abort_failed = false;
+                    return Ok(());
+                }
+                Err(error) if attempts < 10 => {
+                    attempts += 1;
+                    tracing::warn!(%error, attempts, "cannot recreate the producer yet");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(error) => return Err(CommitError::Fatal(format!("{reason}; recreating: {error}"))),
+            }
+        }
     }
 
     /// Whether outputs are committed in Kafka transactions.
@@ -121,12 +172,17 @@ impl Delivery {
     }
 
     /// Queues one record, beginning a transaction first if needed. When the
-    /// queue is full, serves delivery reports until there is room.
-    pub fn send(&mut self, record: Outgoing<'_>) -> anyhow::Result<()> {
+    /// queue is full, serves delivery reports until there is room. A failure
+    /// is reported by the next commit (see the type's documentation).
+    pub fn send(&mut self, record: Outgoing<'_>) {
+        if self.send_failure.is_some() {
+            return;
+        }
         if self.transactional && !self.in_transaction {
-            self.producer
-                .begin_transaction()
-                .map_err(|e| anyhow::anyhow!("cannot begin a Kafka transaction: {e}"))?;
+            if let Err(error) = self.producer.begin_transaction() {
+                self.send_failure = Some(format!("cannot begin a Kafka transaction: {error}"));
+                return;
+            }
             self.in_transaction = true;
         }
         let mut base: BaseRecord<'_, [u8], [u8], usize> =
@@ -145,12 +201,15 @@ impl Delivery {
         }
         loop {
             match self.producer.send(base) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     base = returned;
                     self.producer.poll(Duration::from_millis(10));
                 }
-                Err((error, _)) => anyhow::bail!("cannot produce to {}: {error}", record.topic),
+                Err((error, _)) => {
+                    self.send_failure = Some(format!("cannot produce to {}: {error}", record.topic));
+                    return;
+                }
             }
         }
     }
@@ -198,6 +257,26 @@ impl Delivery {
         offsets: &TopicPartitionList,
         group: Option<&ConsumerGroupMetadata>,
     ) -> Result<(), CommitError> {
+        let result = self.try_commit(offsets, group);
+        if result.is_err() {
+            self.send_failure = None;
+            self.replace_if_fatal()?;
+        }
+        result
+    }
+
+    fn try_commit(
+        &mut self,
+        offsets: &TopicPartitionList,
+        group: Option<&ConsumerGroupMetadata>,
+    ) -> Result<(), CommitError> {
+        if let Some(failure) = self.send_failure.clone() {
+            let error = CommitError::Aborted(failure);
+            if self.transactional {
+                self.abort_after(&error);
+            }
+            return Err(error);
+        }
         if !self.transactional {
             return self.flush();
         }
@@ -231,9 +310,10 @@ impl Delivery {
 
     fn abort_after(&mut self, error: &CommitError) {
         self.in_transaction = false;
-        if matches!(error, CommitError::Aborted(_)) {
+        if matches!(error, CommitError::Aborted(_)) && self.producer.client().fatal_error().is_none() {
             if let Err(abort_error) = self.abort_transaction() {
-                tracing::error!(error = %abort_error, "aborting the transaction failed");
+                tracing::warn!(error = %abort_error, "aborting the transaction failed");
+                self.abort_failed = true;
             }
         }
         self.take_offsets();

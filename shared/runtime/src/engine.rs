@@ -389,7 +389,7 @@ impl<P: Processor> Engine<P> {
                     payload: raw.as_deref(),
                     headers: None,
                     tag: UNTRACKED,
-                })?;
+                });
                 *self.produced.entry(late_topic.clone()).or_default() += 1;
             }
         }
@@ -418,7 +418,7 @@ impl<P: Processor> Engine<P> {
             payload: message.payload(),
             headers: None,
             tag: UNTRACKED,
-        })?;
+        });
         *self.produced.entry(repartition.topic.clone()).or_default() += 1;
         let clock = self
             .upstream
@@ -478,7 +478,7 @@ impl<P: Processor> Engine<P> {
             payload: message.payload(),
             headers: Some(headers),
             tag: UNTRACKED,
-        })?;
+        });
         self.topic_counts[topic_index].dead_lettered += 1;
         *self
             .produced
@@ -552,7 +552,7 @@ impl<P: Processor> Engine<P> {
                     payload: None,
                     headers: Some(headers),
                     tag: UNTRACKED,
-                })?;
+                });
             }
             clock.announced = Some(watermark);
         }
@@ -593,7 +593,7 @@ impl<P: Processor> Engine<P> {
                         payload: value,
                         headers: None,
                         tag: changelog_tag(store, task.partition),
-                    })?;
+                    });
                 }
             }
         }

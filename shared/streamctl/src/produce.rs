@@ -129,7 +129,7 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
             payload: line.value.as_deref(),
             headers: None,
             tag: UNTRACKED,
-        })?;
+        });
     }
     delivery
         .commit(&rdkafka::TopicPartitionList::new(), None)
