@@ -166,11 +166,13 @@ fn several_shipments_early_shipments_and_duplicate_orders_each_join_once() {
     assert_eq!(hours.iter().sum::<i64>(), 3);
 }
 
-#[test]
-fn ten_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
+/// Random orders and 0–2 shipments each (delays from −1 to 9 days), produced
+/// in time order; returns the expected `ship_id → hr_to_ship` of a
+/// nested-loop interval join.
+fn produce_random_orders(topics: &Topics, count: i32) -> HashMap<String, i64> {
     let mut rng = rand::rng();
     let base = 1_692_000_000i64;
-    let mut orders: Vec<(i64, i32)> = (0..10_000)
+    let mut orders: Vec<(i64, i32)> = (0..count)
         .map(|id| (base + rng.random_range(0..30 * DAY), id))
         .collect();
     let mut shipments: Vec<(i64, String, i32)> = Vec::new();
@@ -182,16 +184,14 @@ fn ten_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
     }
     orders.sort();
     shipments.sort();
-    let mut expected: HashMap<String, i64> = HashMap::new();
     let order_time: HashMap<i32, i64> = orders.iter().map(|(t, id)| (*id, *t)).collect();
+    let mut expected = HashMap::new();
     for (ship_ts, ship_id, order_id) in &shipments {
         let order_ts = order_time[order_id];
         if order_ts <= *ship_ts && *ship_ts <= order_ts + 7 * DAY {
             expected.insert(ship_id.clone(), (ship_ts - order_ts) / 3600);
         }
     }
-    let topics = topics(3);
-    let service = start(&topics);
     produce(
         &topics.orders,
         "orders",
@@ -208,7 +208,11 @@ fn ten_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
             .map(|(t, s, o)| shipment(s, *o, *t))
             .collect::<Vec<_>>(),
     );
-    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(180));
+    expected
+}
+
+/// Checks joined rows against the model: each pair once, keyed by order id.
+fn assert_join(output: &[Value], expected: &HashMap<String, i64>, log: &str) {
     let actual: HashMap<String, i64> = output
         .iter()
         .map(|r| {
@@ -221,13 +225,62 @@ fn ten_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
     assert_eq!(
         output.len(),
         expected.len(),
-        "every pair exactly once; log:\n{}",
-        service.log()
+        "every pair exactly once; log:\n{log}"
     );
-    assert_eq!(actual, expected);
-    for row in &output {
+    assert_eq!(&actual, expected);
+    for row in output {
         assert_eq!(row["key"], json!(row["value"]["order_id"].to_string()));
     }
+}
+
+#[test]
+fn ten_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
+    let topics = topics(3);
+    let service = start(&topics);
+    let expected = produce_random_orders(&topics, 10_000);
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(180));
+    assert_join(&output, &expected, &service.log());
+}
+
+/// Two instances over three partitions (uneven): partition p of `orders` and
+/// of the repartition topic must land on the same instance, or joins are lost.
+#[test]
+fn two_instances_over_three_partitions_keep_each_task_together() {
+    let topics = topics(3);
+    let application_id = unique("joiner");
+    let arguments = args(&[
+        "--orders-topic",
+        &topics.orders,
+        "--shipments-topic",
+        &topics.shipments,
+        "--output-topic",
+        &topics.output,
+        "--application-id",
+        &application_id,
+    ]);
+    let first = Service::start("order-shipment-joiner", &arguments);
+    let second = Service::start("order-shipment-joiner", &arguments);
+    first.wait_ready(Duration::from_secs(60));
+    second.wait_ready(Duration::from_secs(60));
+    let expected = produce_random_orders(&topics, 5_000);
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(180));
+    assert_join(
+        &output,
+        &expected,
+        &format!("{}\n---\n{}", first.log(), second.log()),
+    );
+    let tasks = |service: &Service| {
+        service
+            .metrics()
+            .matches("streams_timers_pending{task=")
+            .count()
+    };
+    assert!(
+        tasks(&first) >= 1 && tasks(&second) >= 1 && tasks(&first) + tasks(&second) == 3,
+        "both instances own tasks:\n{}\n{}",
+        first.metrics(),
+        second.metrics()
+    );
 }
 
 #[test]

@@ -161,7 +161,9 @@ impl Delivery {
                     tracing::warn!(%error, attempts, "cannot recreate the producer yet");
                     std::thread::sleep(Duration::from_secs(1));
                 }
-                Err(error) => return Err(CommitError::Fatal(format!("{reason}; recreating: {error}"))),
+                Err(error) => {
+                    return Err(CommitError::Fatal(format!("{reason}; recreating: {error}")))
+                }
             }
         }
     }
@@ -207,7 +209,8 @@ impl Delivery {
                     self.producer.poll(Duration::from_millis(10));
                 }
                 Err((error, _)) => {
-                    self.send_failure = Some(format!("cannot produce to {}: {error}", record.topic));
+                    self.send_failure =
+                        Some(format!("cannot produce to {}: {error}", record.topic));
                     return;
                 }
             }
@@ -310,7 +313,9 @@ impl Delivery {
 
     fn abort_after(&mut self, error: &CommitError) {
         self.in_transaction = false;
-        if matches!(error, CommitError::Aborted(_)) && self.producer.client().fatal_error().is_none() {
+        if matches!(error, CommitError::Aborted(_))
+            && self.producer.client().fatal_error().is_none()
+        {
             if let Err(abort_error) = self.abort_transaction() {
                 tracing::warn!(error = %abort_error, "aborting the transaction failed");
                 self.abort_failed = true;
