@@ -61,11 +61,12 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 measure() { # label binary expected-consumed consumed-series port args...
   local label=$1 binary=$2 total=$3 series=$4 port=$5; shift 5
-  "$BIN/$binary" --state-dir "$WORK/state-$label" --http-addr "127.0.0.1:$port" --log-format json "$@" \
-    >"$WORK/$label.log" 2>&1 &
+  local name=${label//\//-}
+  "$BIN/$binary" --state-dir "$WORK/state-$name" --http-addr "127.0.0.1:$port" --log-format json "$@" \
+    >"$WORK/$name.log" 2>&1 &
   local pid=$! start_ns start_ticks consumed=0
   until [ "$(metric "$port" "$series")" != "" ] && [ "$(metric "$port" "$series")" != "0" ]; do
-    kill -0 "$pid" 2>/dev/null || { echo "$label: service exited, see $WORK/$label.log" >&2; return 1; }
+    kill -0 "$pid" 2>/dev/null || { echo "$label: service exited, see $WORK/$name.log" >&2; return 1; }
     sleep 0.05
   done
   start_ns=$(date +%s%N); start_ticks=$(cpu_ticks "$pid")
