@@ -28,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rustc_hash::FxHashMap;
 
 use crate::avro::{DecodeError, Registry};
 use crate::config::ProcessingGuarantee;
@@ -111,11 +112,11 @@ pub(crate) struct Engine<P: Processor> {
     registry: Registry,
     resources: StateResources,
     restorer: Restorer,
-    positions: HashMap<(usize, i32), i64>,
+    positions: FxHashMap<(usize, i32), i64>,
     /// At-least-once only: records below these offsets are already in the
     /// restored state and are skipped (see `assign`).
-    skip_below: HashMap<(usize, i32), i64>,
-    upstream: HashMap<(usize, i32), UpstreamClock>,
+    skip_below: FxHashMap<(usize, i32), i64>,
+    upstream: FxHashMap<(usize, i32), UpstreamClock>,
     topic_counts: Vec<TopicCounts>,
     produced: HashMap<String, u64>,
     restored_records: u64,
@@ -225,9 +226,9 @@ impl<P: Processor> Engine<P> {
             registry,
             resources,
             restorer,
-            positions: HashMap::new(),
-            skip_below: HashMap::new(),
-            upstream: HashMap::new(),
+            positions: FxHashMap::default(),
+            skip_below: FxHashMap::default(),
+            upstream: FxHashMap::default(),
             topic_counts,
             produced: HashMap::new(),
             restored_records: 0,
@@ -351,6 +352,7 @@ impl<P: Processor> Engine<P> {
             let mut env = TaskEnv {
                 output: &mut self.output,
                 time: self.settings.event_time,
+                now,
             };
             while let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now) {
                 let origin = entry.origin();
@@ -496,9 +498,11 @@ impl<P: Processor> Engine<P> {
             self.drain(partition)?;
         }
         if self.settings.event_time.idle_timeout.is_some() {
+            let now = Instant::now();
             let mut env = TaskEnv {
                 output: &mut self.output,
                 time: self.settings.event_time,
+                now,
             };
             for task in self.tasks.values_mut() {
                 task.tick(&mut env)?;

@@ -38,6 +38,8 @@ pub(crate) struct EventTimeSettings {
 pub(crate) struct TaskEnv<'a> {
     pub output: &'a mut Output,
     pub time: EventTimeSettings,
+    /// Wall-clock time of this batch of work (read once, not per record).
+    pub now: Instant,
 }
 
 /// Where a buffered entry came from: its topic (engine index) and offset.
@@ -288,10 +290,9 @@ impl<P: Processor> Task<P> {
         if self.processor.is_late(event_time, self.watermark) {
             return Ok(Outcome::Late);
         }
-        let now = Instant::now();
-        self.clocks[slot].observe(event_time, now);
+        self.clocks[slot].observe(event_time, env.now);
         self.clocks_dirty = true;
-        self.advance(env, now)?;
+        self.advance(env)?;
         let record = Record {
             key,
             value,
@@ -310,16 +311,15 @@ impl<P: Processor> Task<P> {
         source: usize,
         watermark: i64,
     ) -> anyhow::Result<()> {
-        let now = Instant::now();
-        self.clocks[slot].announce(source, watermark, now);
+        self.clocks[slot].announce(source, watermark, env.now);
         self.clocks_dirty = true;
-        self.advance(env, now)
+        self.advance(env)
     }
 
     /// Lets wall-clock idleness move the watermark (only with an idle timeout).
     pub fn tick(&mut self, env: &mut TaskEnv<'_>) -> anyhow::Result<()> {
         if env.time.idle_timeout.is_some() {
-            self.advance(env, Instant::now())?;
+            self.advance(env)?;
         }
         Ok(())
     }
@@ -344,7 +344,8 @@ impl<P: Processor> Task<P> {
 
     /// Recomputes the task watermark; if it moved forward, fires every timer
     /// now due, in time order.
-    fn advance(&mut self, env: &mut TaskEnv<'_>, now: Instant) -> anyhow::Result<()> {
+    fn advance(&mut self, env: &mut TaskEnv<'_>) -> anyhow::Result<()> {
+        let now = env.now;
         let candidate = task_watermark(
             &self.clocks,
             env.time.max_out_of_orderness,

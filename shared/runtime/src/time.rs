@@ -6,7 +6,9 @@
 //! it at minus infinity) and never goes backwards. A repartitioned input's
 //! watermark is the minimum of what every upstream task has announced.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
 use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
@@ -158,29 +160,32 @@ impl TimerEntry {
 /// The pending timers of one task, in time order, with one timer per key and
 /// name. Persisted through the task's timer store by the caller; this is the
 /// in-memory index that makes "next due timer" a constant-time lookup.
+///
+/// `by_key` maps a key to its few named timers, so lookups by `&str` need no
+/// allocation on the hot path.
 #[derive(Debug, Default)]
 pub struct TimerQueue {
     by_time: BTreeSet<TimerEntry>,
-    by_key: HashMap<(String, String), i64>,
+    by_key: FxHashMap<String, Vec<(String, i64)>>,
 }
 
 impl TimerQueue {
-    /// Adds a timer loaded from the store.
+    /// Adds a timer loaded from the store (replacing none).
     pub fn load(&mut self, entry: TimerEntry) {
         self.by_key
-            .insert((entry.key.clone(), entry.name.clone()), entry.time);
+            .entry(entry.key.clone())
+            .or_default()
+            .push((entry.name.clone(), entry.time));
         self.by_time.insert(entry);
     }
 
     /// The time of the timer `name` of `key`, if one is set.
     pub fn get(&self, key: &str, name: &str) -> Option<i64> {
-        // Avoids allocating a lookup key on the hot path for absent keys.
-        if self.by_key.is_empty() {
-            return None;
-        }
         self.by_key
-            .get(&(key.to_string(), name.to_string()))
-            .copied()
+            .get(key)?
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, time)| *time)
     }
 
     /// Sets timer `name` of `key` to `time`, returning the entry it replaced.
@@ -196,11 +201,16 @@ impl TimerQueue {
 
     /// Removes timer `name` of `key`, returning it.
     pub fn remove(&mut self, key: &str, name: &str) -> Option<TimerEntry> {
-        let time = self.by_key.remove(&(key.to_string(), name.to_string()))?;
+        let named = self.by_key.get_mut(key)?;
+        let position = named.iter().position(|(n, _)| n == name)?;
+        let (name, time) = named.swap_remove(position);
+        if named.is_empty() {
+            self.by_key.remove(key);
+        }
         let entry = TimerEntry {
             time,
             key: key.to_string(),
-            name: name.to_string(),
+            name,
         };
         self.by_time.remove(&entry);
         Some(entry)
@@ -208,12 +218,16 @@ impl TimerQueue {
 
     /// Removes and returns the earliest timer due at `watermark` (time <= watermark).
     pub fn pop_due(&mut self, watermark: i64) -> Option<TimerEntry> {
-        let first = self.by_time.first()?;
-        if first.time > watermark {
+        if self.by_time.first()?.time > watermark {
             return None;
         }
         let entry = self.by_time.pop_first()?;
-        self.by_key.remove(&(entry.key.clone(), entry.name.clone()));
+        if let Some(named) = self.by_key.get_mut(&entry.key) {
+            named.retain(|(n, _)| *n != entry.name);
+            if named.is_empty() {
+                self.by_key.remove(&entry.key);
+            }
+        }
         Some(entry)
     }
 

@@ -11,7 +11,9 @@
 //!
 //! The overlay is sorted, so that scans merge it with RocksDB in key order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
@@ -70,12 +72,12 @@ type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 /// bookkeeping — a key not touched for two generations falls out.
 #[derive(Default)]
 struct ReadCache {
-    recent: HashMap<(StoreIndex, Vec<u8>), Option<Vec<u8>>>,
-    older: HashMap<(StoreIndex, Vec<u8>), Option<Vec<u8>>>,
+    recent: FxHashMap<(StoreIndex, Vec<u8>), Option<Vec<u8>>>,
+    older: FxHashMap<(StoreIndex, Vec<u8>), Option<Vec<u8>>>,
 }
 
 /// Entries per cache generation (per task).
-const CACHE_GENERATION: usize = 8_192;
+const CACHE_GENERATION: usize = 32_768;
 
 impl ReadCache {
     fn get(&mut self, store: StoreIndex, key: &[u8]) -> Option<&Option<Vec<u8>>> {
