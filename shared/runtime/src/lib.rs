@@ -19,8 +19,9 @@
 //! * [`time`]: partition and task watermarks, the timer queue.
 //! * [`window`]: epoch-anchored tumbling and hopping window arithmetic.
 //! * `task`: one partition's processor, state, clocks and timers; the order of work.
-//! * `engine`: the processing loop — routing, repartitioning, dead letters,
-//!   commits, rebalances.
+//! * `engine`: the processing loop — routing, repartitioning, dead letters;
+//!   `engine::commit` (commits and rollbacks) and `engine::lifecycle` (tasks
+//!   on rebalances).
 //! * [`delivery`]: the producer, delivery reports and transactions.
 //! * `output`: encoding and producing results to the output topic.
 //! * `restore`: rebuilding task state from changelog topics.

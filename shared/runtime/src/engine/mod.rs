@@ -18,6 +18,12 @@
 //! Rebalances arrive as consumer callbacks on the same thread (inside `poll`),
 //! which is why the engine lives in the consumer context behind a mutex that
 //! is never held across `poll`.
+//!
+//! `commit.rs` holds the commit and rollback path, `lifecycle.rs` the opening
+//! and closing of tasks on rebalances.
+
+mod commit;
+mod lifecycle;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -25,22 +31,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::ClientContext;
 use rustc_hash::FxHashMap;
 
 use crate::avro::{DecodeError, Registry};
 use crate::config::ProcessingGuarantee;
-use crate::delivery::{CommitError, Outgoing, UNTRACKED};
+use crate::delivery::{Outgoing, UNTRACKED};
 use crate::metrics::{self, Metrics, Snapshot};
 use crate::output::Output;
 use crate::processor::Processor;
 use crate::restore::Restorer;
-use crate::state::store::{StateResources, TaskStore};
-use crate::task::{
-    stored_positions, EventTimeSettings, InputKind, Origin, Outcome, Pending, Task, TaskEnv,
-};
+use crate::state::store::StateResources;
+use crate::task::{EventTimeSettings, InputKind, Origin, Outcome, Pending, Task, TaskEnv};
 use crate::topology::DecodeFn;
 
 /// Header of a watermark announcement on a repartition topic (i64, big-endian).
@@ -517,330 +521,6 @@ impl<P: Processor> Engine<P> {
     /// Whether the commit interval has passed since the last commit ended.
     pub fn commit_due(&self) -> bool {
         self.last_commit.elapsed() >= self.settings.commit_interval
-    }
-
-    /// Sends every upstream watermark that moved to every partition of its
-    /// repartition topic.
-    fn announce_watermarks(&mut self) -> anyhow::Result<()> {
-        for ((slot, source), clock) in self.upstream.iter_mut() {
-            let Some(max) = clock.max_event_time else {
-                continue;
-            };
-            let watermark = max.saturating_sub(self.settings.event_time.max_out_of_orderness);
-            if clock
-                .announced
-                .is_some_and(|announced| announced >= watermark)
-            {
-                continue;
-            }
-            let repartition = self.inputs[*slot]
-                .repartition
-                .as_ref()
-                .expect("repartitioned input");
-            let watermark_bytes = watermark.to_be_bytes();
-            let source_bytes = (*source as u32).to_be_bytes();
-            for partition in 0..repartition.downstream_partitions {
-                let headers = OwnedHeaders::new_with_capacity(2)
-                    .insert(Header {
-                        key: WATERMARK_HEADER,
-                        value: Some(&watermark_bytes[..]),
-                    })
-                    .insert(Header {
-                        key: SOURCE_HEADER,
-                        value: Some(&source_bytes[..]),
-                    });
-                self.output.delivery.send(Outgoing {
-                    topic: &repartition.topic,
-                    partition: Some(partition as i32),
-                    key: None,
-                    payload: None,
-                    headers: Some(headers),
-                    tag: UNTRACKED,
-                });
-            }
-            clock.announced = Some(watermark);
-        }
-        Ok(())
-    }
-
-    fn offsets_to_commit(&self) -> anyhow::Result<TopicPartitionList> {
-        let mut offsets = TopicPartitionList::new();
-        for ((topic_index, partition), next) in &self.positions {
-            offsets.add_partition_offset(
-                &self.topics[*topic_index].0,
-                *partition,
-                Offset::Offset(*next),
-            )?;
-        }
-        Ok(offsets)
-    }
-
-    /// Commits outputs, state changes and input offsets together.
-    pub fn commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
-        let started = Instant::now();
-        self.announce_watermarks()?;
-        for task in self.tasks.values_mut() {
-            task.stage_clocks();
-            for ((topic_index, partition), next) in &self.positions {
-                if *partition == task.partition && Self::is_task_route(self.topics[*topic_index].1)
-                {
-                    task.stage_position(&self.topics[*topic_index].0, *next);
-                }
-            }
-            for store in 0..self.settings.store_names.len() {
-                let topic = &self.settings.changelog_topics[store];
-                for (key, value) in task.store.uncommitted(store) {
-                    self.output.delivery.send(Outgoing {
-                        topic,
-                        partition: Some(task.partition),
-                        key: Some(key),
-                        payload: value,
-                        headers: None,
-                        tag: changelog_tag(store, task.partition),
-                    });
-                }
-            }
-        }
-        let offsets = self.offsets_to_commit()?;
-        let group = consumer.group_metadata();
-        let result = self
-            .output
-            .delivery
-            .commit(&offsets, group.as_ref())
-            .and_then(|()| {
-                if self.output.delivery.is_transactional() || offsets.count() == 0 {
-                    return Ok(());
-                }
-                consumer
-                    .commit(&offsets, CommitMode::Sync)
-                    .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")))
-            });
-        match result {
-            Ok(()) => {
-                let delivered = self.output.delivery.take_offsets();
-                for task in self.tasks.values_mut() {
-                    let checkpoints: Vec<(usize, i64)> = (0..self.settings.store_names.len())
-                        .filter_map(|store| {
-                            delivered
-                                .get(&changelog_tag(store, task.partition))
-                                .map(|offset| (store, *offset))
-                        })
-                        .collect();
-                    task.store.apply_overlay(&checkpoints)?;
-                    for (name, count) in std::mem::take(&mut task.counters) {
-                        *self.processor_counters.entry(name).or_default() += count;
-                    }
-                }
-                self.commits += 1;
-            }
-            Err(CommitError::Aborted(reason)) => {
-                tracing::warn!(%reason, "commit aborted; rolling back to the last commit");
-                self.commits_aborted += 1;
-                self.rollback(consumer)?;
-            }
-            Err(fatal @ CommitError::Fatal(_)) => return Err(fatal.into()),
-        }
-        self.commit_seconds += started.elapsed().as_secs_f64();
-        self.publish_metrics();
-        self.last_commit = Instant::now();
-        Ok(())
-    }
-
-    /// Returns every task to its last committed state and rewinds the
-    /// consumer to the committed offsets.
-    fn rollback(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
-        for task in self.tasks.values_mut() {
-            task.rollback()?;
-        }
-        self.upstream.clear();
-        let committed = self.committed_offsets(consumer)?;
-        for element in committed.elements() {
-            let offset = match element.offset() {
-                Offset::Offset(offset) => Offset::Offset(offset),
-                _ => Offset::Beginning,
-            };
-            consumer.seek(
-                element.topic(),
-                element.partition(),
-                offset,
-                Duration::from_secs(10),
-            )?;
-        }
-        self.positions.clear();
-        Ok(())
-    }
-
-    /// The group's committed offsets, waiting while the broker is unreachable.
-    fn committed_offsets(&self, consumer: &GroupConsumer<P>) -> anyhow::Result<TopicPartitionList> {
-        loop {
-            match consumer.committed(Duration::from_secs(10)) {
-                Ok(offsets) => return Ok(offsets),
-                Err(error) if !self.shutdown.load(Ordering::Relaxed) => {
-                    tracing::warn!(%error, "cannot read committed offsets yet; retrying");
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-                Err(error) => anyhow::bail!("reading committed offsets: {error}"),
-            }
-        }
-    }
-
-    /// Opens (and restores) the tasks of newly assigned partitions.
-    pub fn assign(
-        &mut self,
-        consumer: &GroupConsumer<P>,
-        partitions: &TopicPartitionList,
-    ) -> anyhow::Result<()> {
-        self.metrics.set_ready(false);
-        let mut task_partitions: Vec<i32> = partitions
-            .elements()
-            .iter()
-            .filter(|e| {
-                self.topic_index(e.topic())
-                    .is_some_and(|i| Self::is_task_route(self.topics[i].1))
-            })
-            .map(|e| e.partition())
-            .collect();
-        task_partitions.sort_unstable();
-        task_partitions.dedup();
-        for partition in task_partitions {
-            if self.tasks.contains_key(&partition) {
-                continue;
-            }
-            let started = Instant::now();
-            let store = self.open_store(consumer, partition)?;
-            let task = Task::open(partition, self.processor.clone(), store, &self.kinds)?;
-            tracing::info!(
-                partition,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "task ready"
-            );
-            self.tasks.insert(partition, task);
-        }
-        self.publish_metrics();
-        self.metrics.set_ready(true);
-        Ok(())
-    }
-
-    /// The topics (engine index, name) whose partition *p* belongs to task *p*.
-    fn task_topics(&self) -> Vec<(usize, &str)> {
-        self.topics
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, route))| Self::is_task_route(*route))
-            .map(|(index, (name, _))| (index, name.as_str()))
-            .collect()
-    }
-
-    /// Opens task `partition`'s store and brings it up to date.
-    ///
-    /// Under exactly-once, local state is committed state: replay the
-    /// changelog past its checkpoint. Under at-least-once, state, changelog
-    /// and offsets are not committed atomically, so the local store (written
-    /// in one batch with the input positions it reflects) is trusted as it is
-    /// when no other instance has committed past it; records below its
-    /// positions are then skipped instead of applied twice. Otherwise the
-    /// local copy is stale: it is dropped and rebuilt from the changelog.
-    fn open_store(
-        &mut self,
-        consumer: &GroupConsumer<P>,
-        partition: i32,
-    ) -> anyhow::Result<TaskStore> {
-        let path = self.settings.state_dir.join(format!("task-{partition}"));
-        let mut store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
-        let task_topics: Vec<(usize, String)> = self
-            .task_topics()
-            .into_iter()
-            .map(|(index, name)| (index, name.to_string()))
-            .collect();
-        let names: Vec<&str> = task_topics.iter().map(|(_, name)| name.as_str()).collect();
-        let at_least_once = self.settings.guarantee == ProcessingGuarantee::AtLeastOnce;
-        let local = stored_positions(&mut store, &names)?;
-        let mut replay = true;
-        if at_least_once && local.iter().any(Option::is_some) {
-            let committed = self.committed_for(consumer, &names, partition)?;
-            let stale = local
-                .iter()
-                .zip(&committed)
-                .any(|(local, committed)| committed.is_some_and(|c| local.is_none_or(|l| c > l)));
-            if stale {
-                tracing::info!(
-                    partition,
-                    "local state is behind the committed offsets; rebuilding it"
-                );
-                drop(store);
-                std::fs::remove_dir_all(&path)?;
-                store = TaskStore::open(&path, &self.settings.store_names, &self.resources)?;
-            } else {
-                replay = false;
-            }
-        }
-        if replay {
-            self.restored_records +=
-                self.restorer
-                    .restore(&mut store, &self.settings.changelog_topics, partition)?;
-        }
-        if at_least_once {
-            for ((index, _), position) in task_topics
-                .iter()
-                .zip(stored_positions(&mut store, &names)?)
-            {
-                if let Some(position) = position {
-                    self.skip_below.insert((*index, partition), position);
-                }
-            }
-        }
-        Ok(store)
-    }
-
-    /// The group's committed offsets of `topics` at `partition`.
-    fn committed_for(
-        &self,
-        consumer: &GroupConsumer<P>,
-        topics: &[&str],
-        partition: i32,
-    ) -> anyhow::Result<Vec<Option<i64>>> {
-        let mut request = TopicPartitionList::new();
-        for topic in topics {
-            request.add_partition(topic, partition);
-        }
-        let committed = consumer.committed_offsets(request, Duration::from_secs(30))?;
-        Ok(topics
-            .iter()
-            .map(|topic| {
-                match committed
-                    .find_partition(topic, partition)
-                    .map(|e| e.offset())
-                {
-                    Some(Offset::Offset(offset)) => Some(offset),
-                    _ => None,
-                }
-            })
-            .collect())
-    }
-
-    /// Commits, then closes the tasks of revoked partitions.
-    pub fn revoke(
-        &mut self,
-        consumer: &GroupConsumer<P>,
-        partitions: &TopicPartitionList,
-    ) -> anyhow::Result<()> {
-        self.commit(consumer)?;
-        for element in partitions.elements() {
-            if let Some(index) = self.topic_index(element.topic()) {
-                self.positions.remove(&(index, element.partition()));
-                self.skip_below.remove(&(index, element.partition()));
-                if let Route::Upstream { slot } = self.topics[index].1 {
-                    self.upstream.remove(&(slot, element.partition()));
-                }
-                if Self::is_task_route(self.topics[index].1) {
-                    if let Some(task) = self.tasks.remove(&element.partition()) {
-                        tracing::info!(partition = task.partition, "task closed");
-                    }
-                }
-            }
-        }
-        self.publish_metrics();
-        Ok(())
     }
 
     /// Final commit and flush on shutdown.
