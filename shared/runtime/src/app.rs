@@ -179,7 +179,17 @@ fn run_service<P: Processor>(
 
     // Operations endpoint and signals.
     let metrics = Arc::new(Metrics::default());
-    runtime.block_on(crate::http::serve(args.http_addr, metrics.clone()))?;
+    match args.http_addr {
+        Some(address) => {
+            runtime.block_on(crate::http::serve(address, metrics.clone()))?;
+        }
+        None => {
+            let address = crate::config::DEFAULT_HTTP_ADDR.parse()?;
+            if let Err(error) = runtime.block_on(crate::http::serve(address, metrics.clone())) {
+                tracing::warn!(%error, "running without /metrics, /healthz and /readyz; set --http-addr");
+            }
+        }
+    }
     let shutdown = Arc::new(AtomicBool::new(false));
     runtime.spawn(wait_for_signal(shutdown.clone()));
 

@@ -101,13 +101,19 @@ pub struct RuntimeArgs {
     pub kafka_properties: Vec<(String, String)>,
 
     /// Address of the HTTP listener for /metrics, /healthz and /readyz.
-    #[arg(long, env = "HTTP_ADDR", default_value = "0.0.0.0:9090")]
-    pub http_addr: SocketAddr,
+    /// Default `0.0.0.0:9090`; when the default port is taken (several
+    /// services on one host) the service runs without the listener and says
+    /// so, while an address given explicitly must be free.
+    #[arg(long, env = "HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
 
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 }
+
+/// The HTTP listener address used when none is given.
+pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9090";
 
 impl RuntimeArgs {
     /// The application id, or `default` (the service name) when none was given.
