@@ -26,19 +26,23 @@ fn topics(partitions: usize) -> Topics {
     topics
 }
 
+fn service_args(topics: &Topics, application_id: &str) -> Vec<String> {
+    args(&[
+        "--orders-topic",
+        &topics.orders,
+        "--shipments-topic",
+        &topics.shipments,
+        "--output-topic",
+        &topics.output,
+        "--application-id",
+        application_id,
+    ])
+}
+
 fn start(topics: &Topics) -> Service {
     Service::start(
         "order-shipment-joiner",
-        &args(&[
-            "--orders-topic",
-            &topics.orders,
-            "--shipments-topic",
-            &topics.shipments,
-            "--output-topic",
-            &topics.output,
-            "--application-id",
-            &unique("joiner"),
-        ]),
+        &service_args(topics, &unique("joiner")),
     )
 }
 
@@ -247,17 +251,7 @@ fn ten_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
 #[test]
 fn two_instances_over_three_partitions_keep_each_task_together() {
     let topics = topics(3);
-    let application_id = unique("joiner");
-    let arguments = args(&[
-        "--orders-topic",
-        &topics.orders,
-        "--shipments-topic",
-        &topics.shipments,
-        "--output-topic",
-        &topics.output,
-        "--application-id",
-        &application_id,
-    ]);
+    let arguments = service_args(&topics, &unique("joiner"));
     let first = Service::start("order-shipment-joiner", &arguments);
     let second = Service::start("order-shipment-joiner", &arguments);
     first.wait_ready(Duration::from_secs(60));
