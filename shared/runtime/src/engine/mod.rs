@@ -177,22 +177,21 @@ fn changelog_tag(store: usize, partition: i32) -> usize {
     1 + store * 1_000_000 + partition as usize
 }
 
-fn header_i64(message: &BorrowedMessage<'_>, name: &str) -> Option<i64> {
-    let headers = message.headers()?;
-    headers
+/// The value of header `name`, if the record has it.
+fn header<'m>(message: &'m BorrowedMessage<'_>, name: &str) -> Option<&'m [u8]> {
+    message
+        .headers()?
         .iter()
         .find(|h| h.key == name)
         .and_then(|h| h.value)
-        .and_then(|v| v.try_into().ok().map(i64::from_be_bytes))
+}
+
+fn header_i64(message: &BorrowedMessage<'_>, name: &str) -> Option<i64> {
+    header(message, name).and_then(|v| v.try_into().ok().map(i64::from_be_bytes))
 }
 
 fn header_u32(message: &BorrowedMessage<'_>, name: &str) -> Option<u32> {
-    let headers = message.headers()?;
-    headers
-        .iter()
-        .find(|h| h.key == name)
-        .and_then(|h| h.value)
-        .and_then(|v| v.try_into().ok().map(u32::from_be_bytes))
+    header(message, name).and_then(|v| v.try_into().ok().map(u32::from_be_bytes))
 }
 
 impl<P: Processor> Engine<P> {
@@ -456,27 +455,22 @@ impl<P: Processor> Engine<P> {
         let message_text = error.to_string();
         let partition_text = message.partition().to_string();
         let offset_text = message.offset().to_string();
-        let headers = OwnedHeaders::new_with_capacity(5)
-            .insert(Header {
-                key: "dlq.error.kind",
-                value: Some(error.kind()),
-            })
-            .insert(Header {
-                key: "dlq.error.message",
-                value: Some(message_text.as_str()),
-            })
-            .insert(Header {
-                key: "dlq.source.topic",
-                value: Some(message.topic()),
-            })
-            .insert(Header {
-                key: "dlq.source.partition",
-                value: Some(partition_text.as_str()),
-            })
-            .insert(Header {
-                key: "dlq.source.offset",
-                value: Some(offset_text.as_str()),
-            });
+        let fields = [
+            ("dlq.error.kind", error.kind()),
+            ("dlq.error.message", message_text.as_str()),
+            ("dlq.source.topic", message.topic()),
+            ("dlq.source.partition", partition_text.as_str()),
+            ("dlq.source.offset", offset_text.as_str()),
+        ];
+        let headers = fields.into_iter().fold(
+            OwnedHeaders::new_with_capacity(fields.len()),
+            |headers, (key, value)| {
+                headers.insert(Header {
+                    key,
+                    value: Some(value),
+                })
+            },
+        );
         self.output.delivery.send(Outgoing {
             topic: &self.settings.dlq_topic,
             partition: None,
