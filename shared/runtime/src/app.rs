@@ -1,6 +1,7 @@
 //! Running a service: startup checks, the processing loop, shutdown.
 //!
-//! A service binary parses its flags and calls [`run`]. Startup problems
+//! A service binary parses its flags and calls [`run`] (or builds a
+//! [`Pipeline`] of several stages and runs it). Startup problems
 //! (broker unreachable, inputs not co-partitioned, a rejected schema, a taken
 //! port) end with one clear message and a non-zero exit code.
 
@@ -25,9 +26,9 @@ use crate::output::Output;
 use crate::processor::Processor;
 use crate::restore::Restorer;
 use crate::state::store::StateResources;
-use crate::task::EventTimeSettings;
+use crate::task::{EventTimeSettings, InputKind};
 use crate::topics::Admin;
-use crate::topology::Topology;
+use crate::topology::{Sink, Source, Topology};
 
 /// Sets up logging in the chosen format; `RUST_LOG` filters (default `info`).
 pub fn init_tracing(format: LogFormat) {
@@ -62,15 +63,179 @@ pub fn run<P: Processor>(
     topology: Topology<P::Input>,
     processor: P,
 ) -> ExitCode {
-    init_tracing(args.log_format);
-    match run_service(args, topology, processor) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!("{error:#}");
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
+    Pipeline::new(args, topology, processor).run()
+}
+
+/// A service of one or more stages, each a processor over its own topology
+/// with its own tasks, state and consumer group (like the sub-topologies of
+/// a Kafka Streams application). Stages are connected by [`StageLink`]s:
+/// an earlier stage's topology [feeds](Topology::feeding) a link that a later
+/// one [reads](crate::InputStream::from_stage).
+///
+/// The first stage uses the application id; a later stage named `n` uses
+/// `<app-id>-n` for its group, state directory, changelogs and transactions.
+/// All stages share the process: one HTTP listener (series of later stages
+/// carry a `stage` label), one dead-letter topic, one shutdown signal. A stage
+/// that fails stops the others.
+///
+/// [`StageLink`]: crate::StageLink
+pub struct Pipeline {
+    args: RuntimeArgs,
+    service: &'static str,
+    stages: Vec<Box<dyn StageSpec>>,
+}
+
+impl Pipeline {
+    /// A service whose first stage runs `processor` over `topology`.
+    pub fn new<P: Processor>(
+        args: RuntimeArgs,
+        topology: Topology<P::Input>,
+        processor: P,
+    ) -> Self {
+        Pipeline {
+            args,
+            service: topology.service,
+            stages: vec![Box::new(Stage {
+                name: None,
+                topology,
+                processor,
+            })],
         }
     }
+
+    /// Adds a later stage named `name`, running `processor` over `topology`.
+    pub fn then<P: Processor>(
+        mut self,
+        name: &'static str,
+        topology: Topology<P::Input>,
+        processor: P,
+    ) -> Self {
+        self.stages.push(Box::new(Stage {
+            name: Some(name),
+            topology,
+            processor,
+        }));
+        self
+    }
+
+    /// Runs every stage until SIGTERM/SIGINT; the exit code says whether the
+    /// service stopped cleanly.
+    pub fn run(self) -> ExitCode {
+        init_tracing(self.args.log_format);
+        match self.run_stages() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                tracing::error!("{error:#}");
+                eprintln!("error: {error:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    fn run_stages(self) -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let client_config = base_client_config(&self.args);
+        let admin = Admin::connect(
+            &client_config,
+            runtime.handle().clone(),
+            Duration::from_secs(10),
+        )?;
+        let mut env = ServiceEnv {
+            application_id: self.args.application_id_or(self.service),
+            runtime: runtime.handle().clone(),
+            client_config,
+            admin,
+            metrics: Arc::new(Metrics::default()),
+            shutdown: Arc::new(AtomicBool::new(false)),
+            link_writers: HashMap::new(),
+            args: self.args,
+        };
+        let mut prepared = Vec::with_capacity(self.stages.len());
+        for stage in self.stages {
+            prepared.push(stage.prepare(&mut env)?);
+        }
+
+        // Operations endpoint and signals.
+        match env.args.http_addr {
+            Some(address) => {
+                runtime.block_on(crate::http::serve(address, env.metrics.clone()))?;
+            }
+            None => {
+                let address = crate::config::DEFAULT_HTTP_ADDR.parse()?;
+                if let Err(error) =
+                    runtime.block_on(crate::http::serve(address, env.metrics.clone()))
+                {
+                    tracing::warn!(%error, "running without /metrics, /healthz and /readyz; set --http-addr");
+                }
+            }
+        }
+        runtime.spawn(wait_for_signal(env.shutdown.clone()));
+
+        let shutdown = &env.shutdown;
+        let metrics = &env.metrics;
+        let run_stage = |stage: Box<dyn PreparedStage>| {
+            let result = stage.run();
+            if result.is_err() {
+                metrics.set_failed();
+                shutdown.store(true, Ordering::Relaxed);
+            }
+            result
+        };
+        let mut stages = prepared.into_iter();
+        let first = stages.next().expect("a pipeline has a first stage");
+        let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
+            let later: Vec<_> = stages
+                .map(|stage| scope.spawn(|| run_stage(stage)))
+                .collect();
+            let mut results = vec![run_stage(first)];
+            results.extend(
+                later
+                    .into_iter()
+                    .map(|handle| handle.join().expect("stage thread panicked")),
+            );
+            results
+        });
+        tracing::info!("stopped");
+        results.into_iter().collect()
+    }
+}
+
+/// What every stage of a service shares.
+struct ServiceEnv {
+    args: RuntimeArgs,
+    application_id: String,
+    runtime: tokio::runtime::Handle,
+    client_config: ClientConfig,
+    admin: Admin,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
+    /// The partition count of the stage that writes each link, by link name.
+    link_writers: HashMap<&'static str, usize>,
+}
+
+/// A stage before startup: checks its topics and builds its clients.
+trait StageSpec {
+    fn prepare(self: Box<Self>, env: &mut ServiceEnv) -> anyhow::Result<Box<dyn PreparedStage>>;
+}
+
+/// A stage ready to process: runs until shutdown.
+trait PreparedStage: Send {
+    fn run(self: Box<Self>) -> anyhow::Result<()>;
+}
+
+struct Stage<P: Processor> {
+    name: Option<&'static str>,
+    topology: Topology<P::Input>,
+    processor: P,
+}
+
+/// A stage's consumer, which owns its engine.
+struct RunningStage<P: Processor> {
+    consumer: GroupConsumer<P>,
+    shutdown: Arc<AtomicBool>,
 }
 
 /// A stable id for this instance's state directory, used in the
@@ -89,190 +254,241 @@ fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
-fn run_service<P: Processor>(
-    args: RuntimeArgs,
-    topology: Topology<P::Input>,
-    processor: P,
-) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let application_id = args.application_id_or(topology.service);
-    let state_dir = args.state_dir.join(&application_id);
-    std::fs::create_dir_all(&state_dir).map_err(|e| {
-        anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())
-    })?;
-    let client_config = base_client_config(&args);
+impl<P: Processor> StageSpec for Stage<P> {
+    fn prepare(self: Box<Self>, env: &mut ServiceEnv) -> anyhow::Result<Box<dyn PreparedStage>> {
+        let Stage {
+            name,
+            topology,
+            processor,
+        } = *self;
+        let args = &env.args;
+        let admin = &env.admin;
+        let application_id = match name {
+            None => env.application_id.clone(),
+            Some(name) => format!("{}-{name}", env.application_id),
+        };
+        let state_dir = args.state_dir.join(&application_id);
+        std::fs::create_dir_all(&state_dir).map_err(|e| {
+            anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())
+        })?;
 
-    // Startup checks: broker, inputs, co-partitioning.
-    let admin = Admin::connect(
-        &client_config,
-        runtime.handle().clone(),
-        Duration::from_secs(10),
-    )?;
-    let source_topics: Vec<&str> = topology.inputs.iter().map(|i| i.topic.as_str()).collect();
-    let counts = admin.wait_for_topics(&source_topics, args.topic_wait.as_std())?;
-    let partitions = co_partition_count(&topology, &counts)?;
+        // Startup checks: broker, inputs, co-partitioning.
+        let sources: Vec<SourceTopic> = topology
+            .inputs
+            .iter()
+            .map(|input| match &input.source {
+                Source::Topic(topic) => Ok(SourceTopic {
+                    topic: topic.clone(),
+                    co_partitioned: input.repartition.is_none(),
+                    link_writers: None,
+                }),
+                Source::Link(link) => {
+                    anyhow::ensure!(
+                        input.repartition.is_none(),
+                        "stage link {} cannot be repartitioned again",
+                        link.name
+                    );
+                    let writers = env.link_writers.get(link.name).copied().ok_or_else(|| {
+                        anyhow::anyhow!("stage link {} is written by no earlier stage", link.name)
+                    })?;
+                    Ok(SourceTopic {
+                        topic: link.topic(&env.application_id),
+                        co_partitioned: true,
+                        link_writers: Some(writers),
+                    })
+                }
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let source_names: Vec<&str> = sources.iter().map(|s| s.topic.as_str()).collect();
+        let counts = admin.wait_for_topics(&source_names, args.topic_wait.as_std())?;
+        let partitions = co_partition_count(&sources, &counts)?;
 
-    // Internal and output topics.
-    let dlq_topic = format!("{application_id}-dlq");
-    admin.ensure_topic(&dlq_topic, 1, &[])?;
-    if let Some(late) = &args.late_topic {
-        admin.ensure_topic(late, partitions, &[])?;
-    }
-    admin.ensure_topic(&topology.output_topic, partitions, &[])?;
-    let store_names = topology.all_stores();
-    let changelog_topics: Vec<String> = store_names
-        .iter()
-        .map(|store| format!("{application_id}-{store}-changelog"))
-        .collect();
-    for topic in &changelog_topics {
-        let count = admin.ensure_topic(topic, partitions, &[("cleanup.policy", "compact")])?;
-        anyhow::ensure!(
-            count == partitions,
-            "changelog topic {topic} has {count} partitions but the inputs have {partitions}; \
-             the partition count of a stateful application cannot change (use a new --application-id)"
-        );
-    }
-
-    // Schemas: the output's is registered once, here.
-    let registry = Registry::new(&args.schema_registry_url, runtime.handle().clone())?;
-    let output_schema = leak_schema(&topology.output_schema)?;
-    let subject = format!("{}-value", topology.output_topic);
-    let schema_id = registry
-        .register(&subject, &topology.output_schema)
-        .map_err(|e| anyhow::anyhow!("cannot register the output schema under {subject}: {e}"))?;
-    let encoder = AvroEncoder::new(output_schema, schema_id)?;
-
-    // Routes and inputs.
-    let mut topics = Vec::new();
-    let mut inputs = Vec::new();
-    for (slot, input) in topology.inputs.into_iter().enumerate() {
-        let repartition = match input.repartition {
-            None => {
-                topics.push((input.topic.clone(), Route::Direct { slot }));
-                None
+        // Internal and output topics.
+        let dlq_topic = format!("{}-dlq", env.application_id);
+        admin.ensure_topic(&dlq_topic, 1, &[])?;
+        if let Some(late) = &args.late_topic {
+            admin.ensure_topic(late, partitions, &[])?;
+        }
+        let (output_topic, link_partitions) = match &topology.sink {
+            Sink::Topic(topic) => {
+                admin.ensure_topic(topic, partitions, &[])?;
+                (topic.clone(), None)
             }
-            Some(repartition) => {
-                let topic = format!("{application_id}-{}-repartition", repartition.name);
-                let count = admin.ensure_topic(&topic, partitions, &[])?;
+            Sink::Link(link) => {
+                let topic = link.topic(&env.application_id);
+                let expected = if link.single_partition { 1 } else { partitions };
+                let count = admin.ensure_topic(&topic, expected, &[])?;
                 anyhow::ensure!(
-                    count == partitions,
-                    "repartition topic {topic} has {count} partitions, expected {partitions}"
+                    count == expected,
+                    "stage link topic {topic} has {count} partitions, expected {expected}"
                 );
-                topics.push((input.topic.clone(), Route::Upstream { slot }));
-                topics.push((topic.clone(), Route::Repartitioned { slot }));
-                Some(RepartitionRuntime {
-                    topic,
-                    key_of: repartition.key_of,
-                    upstream_partitions: counts[&input.topic],
-                    downstream_partitions: partitions,
-                })
+                env.link_writers.insert(link.name, partitions);
+                (topic, Some(expected))
             }
         };
-        inputs.push(InputRuntime {
-            decode: input.decode,
-            repartition,
-        });
-    }
-
-    // Operations endpoint and signals.
-    let metrics = Arc::new(Metrics::default());
-    match args.http_addr {
-        Some(address) => {
-            runtime.block_on(crate::http::serve(address, metrics.clone()))?;
+        let store_names = topology.all_stores();
+        let changelog_topics: Vec<String> = store_names
+            .iter()
+            .map(|store| format!("{application_id}-{store}-changelog"))
+            .collect();
+        for topic in &changelog_topics {
+            let count = admin.ensure_topic(topic, partitions, &[("cleanup.policy", "compact")])?;
+            anyhow::ensure!(
+                count == partitions,
+                "changelog topic {topic} has {count} partitions but the inputs have {partitions}; \
+                 the partition count of a stateful application cannot change (use a new --application-id)"
+            );
         }
-        None => {
-            let address = crate::config::DEFAULT_HTTP_ADDR.parse()?;
-            if let Err(error) = runtime.block_on(crate::http::serve(address, metrics.clone())) {
-                tracing::warn!(%error, "running without /metrics, /healthz and /readyz; set --http-addr");
+
+        // Schemas: the output's is registered once, here.
+        let registry = Registry::new(&args.schema_registry_url, env.runtime.clone())?;
+        let output_schema = leak_schema(&topology.output_schema)?;
+        let subject = format!("{output_topic}-value");
+        let schema_id = registry
+            .register(&subject, &topology.output_schema)
+            .map_err(|e| {
+                anyhow::anyhow!("cannot register the output schema under {subject}: {e}")
+            })?;
+        let encoder = AvroEncoder::new(output_schema, schema_id)?;
+
+        // Routes and inputs.
+        let mut topics = Vec::new();
+        let mut inputs = Vec::new();
+        for (slot, (input, source)) in topology.inputs.into_iter().zip(&sources).enumerate() {
+            let (kind, repartition) = match input.repartition {
+                None => {
+                    topics.push((
+                        source.topic.clone(),
+                        match source.link_writers {
+                            None => Route::Direct { slot },
+                            Some(_) => Route::Repartitioned { slot },
+                        },
+                    ));
+                    let kind = match source.link_writers {
+                        None => InputKind::Direct,
+                        Some(upstream_partitions) => InputKind::Repartitioned {
+                            upstream_partitions,
+                        },
+                    };
+                    (kind, None)
+                }
+                Some(repartition) => {
+                    let topic = format!("{application_id}-{}-repartition", repartition.name);
+                    let count = admin.ensure_topic(&topic, partitions, &[])?;
+                    anyhow::ensure!(
+                        count == partitions,
+                        "repartition topic {topic} has {count} partitions, expected {partitions}"
+                    );
+                    let upstream_partitions = counts[&source.topic];
+                    topics.push((source.topic.clone(), Route::Upstream { slot }));
+                    topics.push((topic.clone(), Route::Repartitioned { slot }));
+                    let runtime = RepartitionRuntime {
+                        topic,
+                        key_of: repartition.key_of,
+                        downstream_partitions: partitions,
+                    };
+                    (
+                        InputKind::Repartitioned {
+                            upstream_partitions,
+                        },
+                        Some(runtime),
+                    )
+                }
+            };
+            inputs.push(InputRuntime {
+                decode: input.decode,
+                kind,
+                repartition,
+            });
+        }
+
+        // Clients.
+        let transactional_id = match args.processing_guarantee {
+            ProcessingGuarantee::ExactlyOnceV2 => {
+                Some(format!("{application_id}-{}", instance_id(&state_dir)?))
             }
-        }
+            ProcessingGuarantee::AtLeastOnce => None,
+        };
+        let delivery = Delivery::new(env.client_config.clone(), transactional_id.as_deref())?;
+        let restorer = Restorer::new(&env.client_config, &application_id)?;
+        let settings = EngineSettings {
+            guarantee: args.processing_guarantee,
+            commit_interval: args.commit_interval.as_std(),
+            event_time: EventTimeSettings {
+                max_out_of_orderness: topology.max_out_of_orderness,
+                idle_timeout: args.idle_timeout.map(|d| d.as_std()),
+            },
+            max_task_idle: args.max_task_idle.as_std(),
+            late_topic: args.late_topic.clone(),
+            dlq_topic,
+            state_dir,
+            store_names,
+            changelog_topics,
+            link_partitions,
+        };
+        let memory_limit =
+            usize::try_from(args.state_memory_limit.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        let engine = Engine::new(
+            settings,
+            processor,
+            inputs,
+            topics.clone(),
+            Output::new(delivery, output_topic, encoder),
+            registry,
+            StateResources::new(memory_limit),
+            restorer,
+            env.metrics.add_stage(name),
+            env.shutdown.clone(),
+        );
+
+        let mut consumer_config = env.client_config.clone();
+        consumer_config
+            .set("group.id", &application_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            .set("partition.assignment.strategy", "range")
+            .set("enable.partition.eof", "false");
+        let context = EngineContext {
+            engine: Mutex::new(Some(engine)),
+        };
+        let consumer: GroupConsumer<P> = consumer_config
+            .create_with_context(context)
+            .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
+        let subscription: Vec<&str> = topics.iter().map(|(t, _)| t.as_str()).collect();
+        consumer.subscribe(&subscription)?;
+        tracing::info!(
+            application_id,
+            partitions,
+            topics = ?subscription,
+            guarantee = ?args.processing_guarantee,
+            "started"
+        );
+        Ok(Box::new(RunningStage {
+            consumer,
+            shutdown: env.shutdown.clone(),
+        }))
     }
-    let shutdown = Arc::new(AtomicBool::new(false));
-    runtime.spawn(wait_for_signal(shutdown.clone()));
+}
 
-    // Clients.
-    let transactional_id = match args.processing_guarantee {
-        ProcessingGuarantee::ExactlyOnceV2 => {
-            Some(format!("{application_id}-{}", instance_id(&state_dir)?))
-        }
-        ProcessingGuarantee::AtLeastOnce => None,
-    };
-    let delivery = Delivery::new(client_config.clone(), transactional_id.as_deref())?;
-    let restorer = Restorer::new(&client_config, &application_id)?;
-    let settings = EngineSettings {
-        guarantee: args.processing_guarantee,
-        commit_interval: args.commit_interval.as_std(),
-        event_time: EventTimeSettings {
-            max_out_of_orderness: topology.max_out_of_orderness,
-            idle_timeout: args.idle_timeout.map(|d| d.as_std()),
-        },
-        max_task_idle: args.max_task_idle.as_std(),
-        late_topic: args.late_topic.clone(),
-        dlq_topic,
-        state_dir,
-        store_names,
-        changelog_topics,
-    };
-    let memory_limit =
-        usize::try_from(args.state_memory_limit.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let engine = Engine::new(
-        settings,
-        processor,
-        inputs,
-        topics.clone(),
-        Output::new(delivery, topology.output_topic.clone(), encoder),
-        registry,
-        StateResources::new(memory_limit),
-        restorer,
-        metrics.clone(),
-        shutdown.clone(),
-    );
-
-    let mut consumer_config = client_config;
-    consumer_config
-        .set("group.id", &application_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("partition.assignment.strategy", "range")
-        .set("enable.partition.eof", "false");
-    let context = EngineContext {
-        engine: Mutex::new(Some(engine)),
-    };
-    let consumer: GroupConsumer<P> = consumer_config
-        .create_with_context(context)
-        .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
-    let subscription: Vec<&str> = topics.iter().map(|(t, _)| t.as_str()).collect();
-    consumer.subscribe(&subscription)?;
-    tracing::info!(
-        application_id,
-        partitions,
-        topics = ?subscription,
-        guarantee = ?args.processing_guarantee,
-        "started"
-    );
-
-    let result = process_until_shutdown(&consumer, &shutdown);
-    if result.is_err() {
-        metrics.set_failed();
+impl<P: Processor> PreparedStage for RunningStage<P> {
+    fn run(self: Box<Self>) -> anyhow::Result<()> {
+        let RunningStage { consumer, shutdown } = *self;
+        let result = process_until_shutdown(&consumer, &shutdown);
+        let closed = {
+            let mut guard = consumer.context().engine.lock().unwrap();
+            match (&result, guard.as_mut()) {
+                (Ok(()), Some(engine)) => engine.close(&consumer),
+                _ => Ok(()),
+            }
+        };
+        // Leaving the group serves the revocation callback, which must find the
+        // engine unlocked.
+        consumer.unsubscribe();
+        drop(consumer);
+        result.and(closed)
     }
-    let closed = {
-        let mut guard = consumer.context().engine.lock().unwrap();
-        match (&result, guard.as_mut()) {
-            (Ok(()), Some(engine)) => engine.close(&consumer),
-            _ => Ok(()),
-        }
-    };
-    // Leaving the group serves the revocation callback, which must find the
-    // engine unlocked.
-    consumer.unsubscribe();
-    drop(consumer);
-    tracing::info!("stopped");
-    result.and(closed)
 }
 
 /// Records handled between two checks of timers, idleness and the commit interval.
@@ -333,17 +549,25 @@ async fn wait_for_signal(shutdown: Arc<AtomicBool>) {
     shutdown.store(true, Ordering::Relaxed);
 }
 
+/// One input topic of a stage, resolved.
+struct SourceTopic {
+    topic: String,
+    /// Whether partition *p* goes to task *p* (not re-keyed first).
+    co_partitioned: bool,
+    /// For a stage link: the writing stage's partition count.
+    link_writers: Option<usize>,
+}
+
 /// The partition count every co-partitioned input shares; inputs that
 /// disagree make the service refuse to start.
-fn co_partition_count<I>(
-    topology: &Topology<I>,
+fn co_partition_count(
+    sources: &[SourceTopic],
     counts: &HashMap<String, usize>,
 ) -> anyhow::Result<usize> {
-    let direct: Vec<(&str, usize)> = topology
-        .inputs
+    let direct: Vec<(&str, usize)> = sources
         .iter()
-        .filter(|i| i.repartition.is_none())
-        .map(|i| (i.topic.as_str(), counts[&i.topic]))
+        .filter(|s| s.co_partitioned)
+        .map(|s| (s.topic.as_str(), counts[&s.topic]))
         .collect();
     if let Some((_, first)) = direct.first() {
         if direct.iter().any(|(_, count)| count != first) {

@@ -10,7 +10,8 @@
 //!
 //! * [`processor`]: the API a service implements — `Processor`, `Record`,
 //!   `Timer`, `Context`, and the named state handles `ValueState` and `MapState`.
-//! * [`topology`]: inputs (with optional repartitioning), output, stores.
+//! * [`topology`]: inputs (with optional repartitioning), output, stores, and
+//!   the links between the stages of a pipeline.
 //! * [`config`]: the flags every service shares.
 //! * [`duration`]: human-readable durations for flags.
 //! * [`avro`]: wire format, schema registry client and caches, decoders and encoders.
@@ -27,7 +28,8 @@
 //! * `restore`: rebuilding task state from changelog topics.
 //! * [`topics`]: startup checks and topic creation.
 //! * [`metrics`] and `http`: what operators see.
-//! * `app`: [`run`], which wires it all together.
+//! * `app`: [`run`] and [`Pipeline`] (services of several stages), which
+//!   wire it all together.
 
 mod app;
 pub mod avro;
@@ -47,10 +49,10 @@ pub mod topics;
 pub mod topology;
 pub mod window;
 
-pub use app::{base_client_config, init_tracing, run};
+pub use app::{base_client_config, init_tracing, run, Pipeline};
 pub use config::RuntimeArgs;
 pub use duration::HumanDuration;
 pub use processor::{Context, MapState, Processor, Record, Timer, ValueState};
 pub use state::codec::MapKey;
 pub use time::NO_WATERMARK;
-pub use topology::{InputStream, Topology};
+pub use topology::{InputStream, StageLink, Topology};

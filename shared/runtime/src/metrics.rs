@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Records consumed, by input topic.
 pub const RECORDS_CONSUMED: &str = "streams_records_consumed_total";
@@ -107,43 +107,93 @@ impl Snapshot {
     }
 }
 
-/// What the processing thread shares with the HTTP listener.
+/// What the processing threads share with the HTTP listener: one published
+/// snapshot and one readiness flag per stage of the service.
 #[derive(Default)]
 pub struct Metrics {
-    snapshot: Mutex<Snapshot>,
-    ready: AtomicBool,
+    stages: Mutex<Vec<StageSlot>>,
     failed: AtomicBool,
 }
 
+/// One stage's last published state.
+struct StageSlot {
+    /// `None` for the first stage; later stages label their series with it.
+    label: Option<String>,
+    snapshot: Snapshot,
+    ready: bool,
+}
+
 impl Metrics {
-    /// Replaces the published snapshot.
-    pub fn publish(&self, snapshot: Snapshot) {
-        *self.snapshot.lock().unwrap() = snapshot;
+    /// Registers a stage and returns its handle. The first stage's series keep
+    /// their labels; a later stage's carry `stage="<label>"` as well, so that
+    /// series of different stages never collide.
+    pub fn add_stage(self: &Arc<Self>, label: Option<&str>) -> StageMetrics {
+        let mut stages = self.stages.lock().unwrap();
+        stages.push(StageSlot {
+            label: label.map(str::to_string),
+            snapshot: Snapshot::default(),
+            ready: false,
+        });
+        StageMetrics {
+            shared: self.clone(),
+            slot: stages.len() - 1,
+        }
     }
 
-    /// A copy of the last published snapshot.
+    /// Every stage's last snapshot, merged.
     pub fn snapshot(&self) -> Snapshot {
-        self.snapshot.lock().unwrap().clone()
+        let stages = self.stages.lock().unwrap();
+        let mut merged = Snapshot::default();
+        for stage in stages.iter() {
+            let relabel = |(name, labels): &Series| -> Series {
+                let mut labels = labels.clone();
+                if let Some(label) = &stage.label {
+                    labels.push(("stage", label.clone()));
+                }
+                (name, labels)
+            };
+            for (series, value) in &stage.snapshot.counters {
+                *merged.counters.entry(relabel(series)).or_default() += value;
+            }
+            for (series, value) in &stage.snapshot.gauges {
+                merged.gauges.insert(relabel(series), *value);
+            }
+        }
+        merged
     }
 
-    /// Marks whether every assigned task is restored and processing.
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Relaxed);
-    }
-
-    /// Whether every assigned task is restored and processing.
+    /// Whether every stage has all its assigned tasks restored and processing.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        let stages = self.stages.lock().unwrap();
+        !stages.is_empty() && stages.iter().all(|stage| stage.ready)
     }
 
-    /// Marks the processing loop as failed (unhealthy).
+    /// Marks the service as failed (unhealthy).
     pub fn set_failed(&self) {
         self.failed.store(true, Ordering::Relaxed);
     }
 
-    /// Whether the processing loop has failed.
+    /// Whether a processing loop has failed.
     pub fn has_failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// One stage's handle on the shared [`Metrics`].
+pub struct StageMetrics {
+    shared: Arc<Metrics>,
+    slot: usize,
+}
+
+impl StageMetrics {
+    /// Replaces this stage's published snapshot.
+    pub fn publish(&self, snapshot: Snapshot) {
+        self.shared.stages.lock().unwrap()[self.slot].snapshot = snapshot;
+    }
+
+    /// Marks whether every task this stage is assigned is restored and processing.
+    pub fn set_ready(&self, ready: bool) {
+        self.shared.stages.lock().unwrap()[self.slot].ready = ready;
     }
 }
 
@@ -171,5 +221,23 @@ mod tests {
             "{text}"
         );
         assert_eq!(snapshot.counter(RECORDS_CONSUMED, &[("topic", "a\"b")]), 5);
+    }
+
+    #[test]
+    fn later_stages_are_labelled_and_readiness_needs_every_stage() {
+        let metrics = Arc::new(Metrics::default());
+        let first = metrics.add_stage(None);
+        let second = metrics.add_stage(Some("final"));
+        let mut snapshot = Snapshot::default();
+        snapshot.add(COMMITS, vec![], 2);
+        first.publish(snapshot.clone());
+        second.publish(snapshot);
+        let merged = metrics.snapshot();
+        assert_eq!(merged.counter(COMMITS, &[]), 2);
+        assert_eq!(merged.counter(COMMITS, &[("stage", "final")]), 2);
+        first.set_ready(true);
+        assert!(!metrics.is_ready());
+        second.set_ready(true);
+        assert!(metrics.is_ready());
     }
 }

@@ -1,5 +1,6 @@
 //! The service's output topic: encode a value, produce it, count it.
 
+use rdkafka::message::OwnedHeaders;
 use serde::Serialize;
 
 use crate::avro::AvroEncoder;
@@ -48,5 +49,18 @@ impl Output {
         });
         self.produced += 1;
         Ok(())
+    }
+
+    /// Produces a record with only `headers` (no key, no value) to
+    /// `partition`: a control record such as a watermark announcement.
+    pub fn send_control(&mut self, partition: i32, headers: OwnedHeaders) {
+        self.delivery.send(Outgoing {
+            topic: &self.topic,
+            partition: Some(partition),
+            key: None,
+            payload: None,
+            headers: Some(headers),
+            tag: UNTRACKED,
+        });
     }
 }

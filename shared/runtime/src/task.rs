@@ -111,6 +111,9 @@ pub(crate) struct Task<P: Processor> {
     pub counters: BTreeMap<&'static str, u64>,
     buffers: Vec<VecDeque<Pending<P::Input>>>,
     blocked_since: Option<Instant>,
+    /// The watermark last announced to the next stage, if the output is a
+    /// stage link.
+    pub announced: Option<i64>,
 }
 
 const TASK_WATERMARK_KEY: &[u8] = b"T";
@@ -178,6 +181,7 @@ impl<P: Processor> Task<P> {
             counters: BTreeMap::new(),
             buffers: kinds.iter().map(|_| VecDeque::new()).collect(),
             blocked_since: None,
+            announced: None,
         };
         task.load()?;
         Ok(task)
@@ -263,6 +267,7 @@ impl<P: Processor> Task<P> {
     pub fn rollback(&mut self) -> anyhow::Result<()> {
         self.buffers.iter_mut().for_each(VecDeque::clear);
         self.blocked_since = None;
+        self.announced = None;
         self.store.discard_overlay();
         self.counters.clear();
         self.load()

@@ -4,6 +4,12 @@
 //! event-time field), the output topic and schema, and the state stores. An
 //! input can be re-keyed through an internal repartition topic before it
 //! reaches the processor, as Kafka Streams does for joins on another key.
+//!
+//! A service of several stages (see [`crate::Pipeline`]) connects them with a
+//! [`StageLink`]: one stage's topology writes it instead of an output topic,
+//! the next reads it as an input. Like a repartition topic, a link carries the
+//! writing tasks' watermarks, so the reading stage's clocks follow the
+//! slowest writer.
 
 use serde::de::DeserializeOwned;
 
@@ -14,9 +20,60 @@ use crate::duration::HumanDuration;
 pub(crate) type DecodeFn<I> =
     Box<dyn FnMut(&Registry, &[u8], &dyn Fn() -> bool) -> Result<(I, i64), DecodeError> + Send>;
 
+/// The internal topic `<app-id>-<name>-repartition` between two stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageLink {
+    pub(crate) name: &'static str,
+    pub(crate) single_partition: bool,
+}
+
+impl StageLink {
+    /// A link with the writing stage's partition count: records are
+    /// partitioned by murmur2 of their key (which must not be null), so every
+    /// key meets its peers in one task of the reading stage.
+    pub const fn co_partitioned(name: &'static str) -> Self {
+        StageLink {
+            name,
+            single_partition: false,
+        }
+    }
+
+    /// A link of one partition: every record meets in the reading stage's one
+    /// task, for global aggregates.
+    pub const fn single_partition(name: &'static str) -> Self {
+        StageLink {
+            name,
+            single_partition: true,
+        }
+    }
+
+    /// The internal topic of this link for `application_id`.
+    pub(crate) fn topic(&self, application_id: &str) -> String {
+        format!("{application_id}-{}-repartition", self.name)
+    }
+}
+
+/// Where an input's records come from.
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    /// A topic the service is given.
+    Topic(String),
+    /// The link written by an earlier stage.
+    Link(StageLink),
+}
+
+/// Where a stage's results go.
+#[derive(Debug, Clone)]
+pub(crate) enum Sink {
+    /// The service's output topic.
+    Topic(String),
+    /// The link read by the next stage.
+    Link(StageLink),
+}
+
 /// One input topic.
 pub struct InputStream<I> {
-    pub(crate) topic: String,
+    pub(crate) source: Source,
     pub(crate) decode: DecodeFn<I>,
     pub(crate) repartition: Option<Repartition<I>>,
 }
@@ -36,12 +93,36 @@ impl<I: 'static> InputStream<I> {
         event_time: fn(&T) -> i64,
         wrap: fn(T) -> I,
     ) -> anyhow::Result<Self> {
-        let topic = topic.into();
-        let schema = leak_schema(schema_json)
-            .map_err(|e| anyhow::anyhow!("reader schema of topic {topic}: {e}"))?;
+        Self::from_source(Source::Topic(topic.into()), schema_json, event_time, wrap)
+    }
+
+    /// Reads the link an earlier stage writes, like [`InputStream::new`].
+    /// Its watermark is the minimum of what every writing task announced.
+    pub fn from_stage<T: DeserializeOwned + 'static>(
+        link: StageLink,
+        schema_json: &str,
+        event_time: fn(&T) -> i64,
+        wrap: fn(T) -> I,
+    ) -> anyhow::Result<Self> {
+        Self::from_source(Source::Link(link), schema_json, event_time, wrap)
+    }
+
+    fn from_source<T: DeserializeOwned + 'static>(
+        source: Source,
+        schema_json: &str,
+        event_time: fn(&T) -> i64,
+        wrap: fn(T) -> I,
+    ) -> anyhow::Result<Self> {
+        let schema = leak_schema(schema_json).map_err(|e| {
+            let name = match &source {
+                Source::Topic(topic) => topic.as_str(),
+                Source::Link(link) => link.name,
+            };
+            anyhow::anyhow!("reader schema of input {name}: {e}")
+        })?;
         let mut decoder = AvroDecoder::<T>::new(schema);
         Ok(InputStream {
-            topic,
+            source,
             decode: Box::new(move |registry, bytes, shutdown| {
                 let value = decoder.decode(registry, bytes, shutdown)?;
                 let time = event_time(&value);
@@ -63,7 +144,7 @@ impl<I: 'static> InputStream<I> {
 pub struct Topology<I> {
     pub(crate) service: &'static str,
     pub(crate) inputs: Vec<InputStream<I>>,
-    pub(crate) output_topic: String,
+    pub(crate) sink: Sink,
     pub(crate) output_schema: String,
     pub(crate) stores: Vec<&'static str>,
     pub(crate) max_out_of_orderness: i64,
@@ -81,10 +162,20 @@ impl<I> Topology<I> {
         output_topic: impl Into<String>,
         output_schema: &str,
     ) -> Self {
+        Self::with_sink(service, Sink::Topic(output_topic.into()), output_schema)
+    }
+
+    /// A topology for the stage of `service` that writes `link` (schema
+    /// `link_schema`, Avro JSON) for the next stage instead of an output topic.
+    pub fn feeding(service: &'static str, link: StageLink, link_schema: &str) -> Self {
+        Self::with_sink(service, Sink::Link(link), link_schema)
+    }
+
+    fn with_sink(service: &'static str, sink: Sink, output_schema: &str) -> Self {
         Topology {
             service,
             inputs: Vec::new(),
-            output_topic: output_topic.into(),
+            sink,
             output_schema: output_schema.to_string(),
             stores: Vec::new(),
             max_out_of_orderness: 0,

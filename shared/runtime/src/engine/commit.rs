@@ -13,6 +13,19 @@ use super::{changelog_tag, Engine, GroupConsumer, SOURCE_HEADER, WATERMARK_HEADE
 use crate::delivery::{CommitError, Outgoing, UNTRACKED};
 use crate::processor::Processor;
 
+/// The headers of a watermark announcement.
+fn announcement_headers(watermark: &[u8; 8], source: &[u8; 4]) -> OwnedHeaders {
+    OwnedHeaders::new_with_capacity(2)
+        .insert(Header {
+            key: WATERMARK_HEADER,
+            value: Some(&watermark[..]),
+        })
+        .insert(Header {
+            key: SOURCE_HEADER,
+            value: Some(&source[..]),
+        })
+}
+
 impl<P: Processor> Engine<P> {
     /// Sends every upstream watermark that moved to every partition of its
     /// repartition topic.
@@ -35,27 +48,47 @@ impl<P: Processor> Engine<P> {
             let watermark_bytes = watermark.to_be_bytes();
             let source_bytes = (*source as u32).to_be_bytes();
             for partition in 0..repartition.downstream_partitions {
-                let headers = OwnedHeaders::new_with_capacity(2)
-                    .insert(Header {
-                        key: WATERMARK_HEADER,
-                        value: Some(&watermark_bytes[..]),
-                    })
-                    .insert(Header {
-                        key: SOURCE_HEADER,
-                        value: Some(&source_bytes[..]),
-                    });
                 self.output.delivery.send(Outgoing {
                     topic: &repartition.topic,
                     partition: Some(partition as i32),
                     key: None,
                     payload: None,
-                    headers: Some(headers),
+                    headers: Some(announcement_headers(&watermark_bytes, &source_bytes)),
                     tag: UNTRACKED,
                 });
             }
             clock.announced = Some(watermark);
         }
         Ok(())
+    }
+
+    /// Sends every task watermark that moved to every partition of the stage
+    /// link the output writes. The announcement follows the task's results in
+    /// each partition, so a reading task never sees a watermark before the
+    /// results it covers.
+    fn announce_task_watermarks(&mut self) {
+        let Some(partitions) = self.settings.link_partitions else {
+            return;
+        };
+        for task in self.tasks.values_mut() {
+            let watermark = task.watermark();
+            if watermark == crate::time::NO_WATERMARK
+                || task
+                    .announced
+                    .is_some_and(|announced| announced >= watermark)
+            {
+                continue;
+            }
+            let watermark_bytes = watermark.to_be_bytes();
+            let source_bytes = (task.partition as u32).to_be_bytes();
+            for partition in 0..partitions {
+                self.output.send_control(
+                    partition as i32,
+                    announcement_headers(&watermark_bytes, &source_bytes),
+                );
+            }
+            task.announced = Some(watermark);
+        }
     }
 
     fn offsets_to_commit(&self) -> anyhow::Result<TopicPartitionList> {
@@ -74,6 +107,7 @@ impl<P: Processor> Engine<P> {
     pub fn commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let started = Instant::now();
         self.announce_watermarks()?;
+        self.announce_task_watermarks();
         for task in self.tasks.values_mut() {
             task.stage_clocks();
             for ((topic_index, partition), next) in &self.positions {

@@ -39,7 +39,7 @@ use rustc_hash::FxHashMap;
 use crate::avro::{DecodeError, Registry};
 use crate::config::ProcessingGuarantee;
 use crate::delivery::{Outgoing, UNTRACKED};
-use crate::metrics::{self, Metrics, Snapshot};
+use crate::metrics::{self, Snapshot, StageMetrics};
 use crate::output::Output;
 use crate::processor::Processor;
 use crate::restore::Restorer;
@@ -63,6 +63,10 @@ pub(crate) struct EngineSettings {
     pub state_dir: PathBuf,
     pub store_names: Vec<String>,
     pub changelog_topics: Vec<String>,
+    /// When the output is a stage link: its partition count. Every task then
+    /// announces its watermark to each of them at commit, after the results
+    /// it caused.
+    pub link_partitions: Option<usize>,
 }
 
 /// What the engine does with records of one subscribed topic.
@@ -79,14 +83,14 @@ pub(crate) enum Route {
 /// One input of the topology, as the engine runs it.
 pub(crate) struct InputRuntime<I> {
     pub decode: DecodeFn<I>,
+    pub kind: InputKind,
     pub repartition: Option<RepartitionRuntime<I>>,
 }
 
-/// A repartitioning: where to, by what key, and how many partitions each side has.
+/// A repartitioning: where to, by what key, and how many partitions it has.
 pub(crate) struct RepartitionRuntime<I> {
     pub topic: String,
     pub key_of: fn(&I) -> String,
-    pub upstream_partitions: usize,
     pub downstream_partitions: usize,
 }
 
@@ -129,7 +133,7 @@ pub(crate) struct Engine<P: Processor> {
     commit_seconds: f64,
     processor_counters: BTreeMap<&'static str, u64>,
     last_commit: Instant,
-    metrics: Arc<Metrics>,
+    metrics: StageMetrics,
     shutdown: Arc<AtomicBool>,
     /// An error raised inside a rebalance callback, surfaced by the loop.
     pub(crate) fatal: Option<anyhow::Error>,
@@ -205,18 +209,10 @@ impl<P: Processor> Engine<P> {
         registry: Registry,
         resources: StateResources,
         restorer: Restorer,
-        metrics: Arc<Metrics>,
+        metrics: StageMetrics,
         shutdown: Arc<AtomicBool>,
     ) -> Self {
-        let kinds = inputs
-            .iter()
-            .map(|input| match &input.repartition {
-                None => InputKind::Direct,
-                Some(r) => InputKind::Repartitioned {
-                    upstream_partitions: r.upstream_partitions,
-                },
-            })
-            .collect();
+        let kinds = inputs.iter().map(|input| input.kind).collect();
         let topic_counts = vec![TopicCounts::default(); topics.len()];
         Engine {
             settings,
