@@ -20,6 +20,7 @@ use serde_json::Value;
 pub use serde_json::json;
 
 pub mod sessions;
+pub mod windows;
 
 /// Kafka bootstrap servers of the stack under test.
 pub fn bootstrap() -> String {

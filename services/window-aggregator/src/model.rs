@@ -18,9 +18,9 @@ impl MarketplaceOrder {
     /// The value of `field`, the order's group.
     pub fn group(&self, field: GroupField) -> Option<&str> {
         match field {
-            GroupField::CustomerId => self.customer_id.as_deref(),
-            GroupField::ProductId => Some(&self.product_id),
-            GroupField::OrderId => Some(&self.order_id),
+            GroupField::Customer => self.customer_id.as_deref(),
+            GroupField::Product => Some(&self.product_id),
+            GroupField::Order => Some(&self.order_id),
         }
     }
 }

@@ -36,11 +36,13 @@ pub struct Settings {
 
 /// A string field of an order that windows can be grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
 pub enum GroupField {
-    CustomerId,
-    ProductId,
-    OrderId,
+    #[value(name = "customer_id")]
+    Customer,
+    #[value(name = "product_id")]
+    Product,
+    #[value(name = "order_id")]
+    Order,
 }
 
 /// Window shape in milliseconds, checked.

@@ -1,0 +1,227 @@
+//! window-aggregator end to end: the fixture, generated data against a model
+//! of SPEC (global and grouped), the final stage waiting for the slowest
+//! partition, a crash between stages, and flag checks.
+
+use std::time::Duration;
+
+use e2e_tests::windows::{generate, model, Order, WindowRules};
+use e2e_tests::*;
+use serde_json::Value;
+
+struct Topics {
+    input: String,
+    output: String,
+    application_id: String,
+}
+
+fn topics(partitions: usize) -> Topics {
+    let topics = Topics {
+        input: unique("orders-marketplace"),
+        output: unique("order-window-counts"),
+        application_id: unique("window-aggregator"),
+    };
+    create_topic(&topics.input, partitions);
+    topics
+}
+
+fn service_args(topics: &Topics, extra: &[&str]) -> Vec<String> {
+    let mut arguments = args(&[
+        "--input-topic",
+        &topics.input,
+        "--output-topic",
+        &topics.output,
+        "--application-id",
+        &topics.application_id,
+    ]);
+    arguments.extend(args(extra));
+    arguments
+}
+
+fn start(topics: &Topics, extra: &[&str]) -> Service {
+    Service::start("window-aggregator", &service_args(topics, extra))
+}
+
+fn lines(orders: &[Order]) -> Vec<Value> {
+    orders.iter().map(Order::line).collect()
+}
+
+const T: i64 = 1_783_345_153_000;
+
+#[test]
+fn fixture_gives_the_expected_windows_in_order() {
+    let topics = topics(1);
+    let service = start(&topics, &[]);
+    produce(
+        &topics.input,
+        "orders-marketplace",
+        &fixture("window-aggregator/orders-marketplace.jsonl"),
+    );
+    let expected = fixture("window-aggregator/order-window-counts.expected.jsonl");
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(60));
+    assert_eq!(output, expected, "log:\n{}", service.log());
+}
+
+#[test]
+fn global_windows_over_four_partitions_match_a_model_of_the_spec() {
+    let rules = WindowRules {
+        size: 2_000,
+        advance: 500,
+        max_out_of_orderness: 300,
+        partitions: 4,
+        by_customer: false,
+    };
+    let orders = generate(5_000, 50, T, 300);
+    let expected = model(&orders, rules);
+    let topics = topics(rules.partitions);
+    let service = start(
+        &topics,
+        &[
+            "--window-size",
+            "2s",
+            "--window-advance",
+            "500ms",
+            "--max-out-of-orderness",
+            "300ms",
+        ],
+    );
+    produce(&topics.input, "orders-marketplace", &lines(&orders));
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
+    assert_same_records(&output, &expected, &service.log());
+    let starts: Vec<i64> = output
+        .iter()
+        .map(|row| row["value"]["window_start"].as_i64().unwrap())
+        .collect();
+    assert!(
+        starts.windows(2).all(|pair| pair[0] < pair[1]),
+        "one final task emits windows in time order"
+    );
+    let late_series = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);
+    assert!(
+        eventually(Duration::from_secs(20), || service.metric(&late_series)
+            > 0.0),
+        "stragglers are counted as late:\n{}\n{}",
+        service.metrics(),
+        service.log()
+    );
+}
+
+#[test]
+fn grouped_by_customer_over_three_partitions_match_a_model_of_the_spec() {
+    let rules = WindowRules {
+        size: 2_000,
+        advance: 1_000,
+        max_out_of_orderness: 200,
+        partitions: 3,
+        by_customer: true,
+    };
+    let orders = generate(4_000, 20, T, 200);
+    let expected = model(&orders, rules);
+    assert!(
+        expected.iter().any(|row| row["key"].is_null()),
+        "the null customer is a group of its own"
+    );
+    let topics = topics(rules.partitions);
+    let service = start(
+        &topics,
+        &[
+            "--group-by",
+            "customer_id",
+            "--max-out-of-orderness",
+            "200ms",
+        ],
+    );
+    produce(&topics.input, "orders-marketplace", &lines(&orders));
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
+    assert_same_records(&output, &expected, &service.log());
+}
+
+/// An order whose key lands in `partition` of `partitions`.
+fn order_in_partition(partition: usize, partitions: usize, time: i64, index: &mut usize) -> Order {
+    loop {
+        *index += 1;
+        let id = format!("order-{index}");
+        if murmur2_partition(id.as_bytes(), partitions) == partition {
+            return Order {
+                order_id: id,
+                customer_id: Some("c".into()),
+                product_id: "p".into(),
+                price: 1.0,
+                order_time: time,
+            };
+        }
+    }
+}
+
+#[test]
+fn the_final_stage_waits_for_the_slowest_partition() {
+    let topics = topics(2);
+    let service = start(&topics, &[]);
+    let mut index = 0;
+    // Partition 0 runs far ahead; partition 1 stays inside the first windows.
+    let ahead = order_in_partition(0, 2, T + 60_000, &mut index);
+    let behind = order_in_partition(1, 2, T + 500, &mut index);
+    produce(
+        &topics.input,
+        "orders-marketplace",
+        &lines(&[behind, ahead]),
+    );
+    service.wait_ready(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        consume_all(&topics.output).is_empty(),
+        "partition 1's watermark holds every window open"
+    );
+    let caught_up = order_in_partition(1, 2, T + 2_000, &mut index);
+    produce(&topics.input, "orders-marketplace", &lines(&[caught_up]));
+    // Partition 1's watermark is now T+2000: the windows ending by then close.
+    let output = wait_for_records(&topics.output, 2, Duration::from_secs(30));
+    let ends: Vec<i64> = output
+        .iter()
+        .map(|row| row["value"]["window_end"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ends, [T + 1_000, T + 2_000], "log:\n{}", service.log());
+}
+
+#[test]
+fn a_crash_between_the_stages_loses_and_duplicates_nothing() {
+    let rules = WindowRules {
+        size: 2_000,
+        advance: 1_000,
+        max_out_of_orderness: 100,
+        partitions: 2,
+        by_customer: false,
+    };
+    let orders = generate(20_000, 50, T, 100);
+    let expected = model(&orders, rules);
+    let topics = topics(rules.partitions);
+    let arguments = service_args(&topics, &["--max-out-of-orderness", "100ms"]);
+    let state = std::env::temp_dir().join(unique("state"));
+    let first = Service::start_with_state("window-aggregator", &arguments, state.clone());
+    produce(&topics.input, "orders-marketplace", &lines(&orders));
+    assert!(
+        eventually(Duration::from_secs(60), || consume_all(&topics.output)
+            .len()
+            > 20),
+        "some windows come out before the crash:\n{}",
+        first.log()
+    );
+    first.kill();
+    let second = Service::start_with_state("window-aggregator", &arguments, state);
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(180));
+    assert_same_records(&output, &expected, &second.log());
+}
+
+#[test]
+fn an_advance_longer_than_the_window_is_refused_at_startup() {
+    let topics = topics(1);
+    let service = start(&topics, &["--window-size", "1s", "--window-advance", "2s"]);
+    let (status, log) = service
+        .wait_exit(Duration::from_secs(30))
+        .expect("the service exits");
+    assert!(!status.success());
+    assert!(
+        log.contains("--window-advance (2000ms) must not exceed --window-size (1000ms)"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+}
