@@ -37,6 +37,7 @@ create_and_produce humidity-readings "$FIXTURES/sensor-fusion/humidity-readings.
 create_and_produce orders "$FIXTURES/order-shipment-joiner/orders.jsonl"
 create_and_produce shipments "$FIXTURES/order-shipment-joiner/shipments.jsonl"
 create_and_produce user-events "$FIXTURES/sessionizer/user-events.jsonl"
+create_and_produce orders-marketplace "$FIXTURES/window-aggregator/orders-marketplace.jsonl"
 
 start() { # binary http-port args...
   local binary=$1 port=$2; shift 2
@@ -47,7 +48,7 @@ start() { # binary http-port args...
 }
 
 # Output topics exist before anyone reads them (the services would create them too).
-for output in machine-maintenance shipped-orders user-sessions; do
+for output in machine-maintenance shipped-orders user-sessions order-window-counts; do
   streamctl topics create "$(topic "$output")" --partitions 1 >/dev/null
 done
 
@@ -57,6 +58,8 @@ start sensor-fusion 19101 --temperature-topic "$(topic temperature-readings)" \
 start order-shipment-joiner 19102 --orders-topic "$(topic orders)" \
   --shipments-topic "$(topic shipments)" --output-topic "$(topic shipped-orders)"
 start sessionizer 19103 --input-topic "$(topic user-events)" --output-topic "$(topic user-sessions)"
+start window-aggregator 19104 --input-topic "$(topic orders-marketplace)" \
+  --output-topic "$(topic order-window-counts)"
 
 show() { # title topic rows
   echo
@@ -66,5 +69,6 @@ show() { # title topic rows
 show "sensor-fusion: maintenance verdicts per machine and window" "$(topic machine-maintenance)" 2
 show "order-shipment-joiner: orders shipped within 7 days" "$(topic shipped-orders)" 10
 show "sessionizer: sessions ended by LOGOUT or inactivity" "$(topic user-sessions)" 1
+show "window-aggregator: 2 s hopping windows every 1 s over all orders" "$(topic order-window-counts)" 4
 echo
 echo "demo done; stopping the services"
