@@ -267,6 +267,14 @@ impl<P: Processor> StageSpec for Stage<P> {
             None => env.application_id.clone(),
             Some(name) => format!("{}-{name}", env.application_id),
         };
+        // Late records and idle inputs concern the service's input topics,
+        // which only the first stage reads. A later stage's clock follows the
+        // watermarks announced on its links (which already move with idleness
+        // upstream); letting it advance on its own would close windows before
+        // the earlier stage's results arrive.
+        let first_stage = name.is_none();
+        let late_topic = args.late_topic.clone().filter(|_| first_stage);
+        let idle_timeout = args.idle_timeout.filter(|_| first_stage);
         let state_dir = args.state_dir.join(&application_id);
         std::fs::create_dir_all(&state_dir).map_err(|e| {
             anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())
@@ -306,7 +314,7 @@ impl<P: Processor> StageSpec for Stage<P> {
         // Internal and output topics.
         let dlq_topic = format!("{}-dlq", env.application_id);
         admin.ensure_topic(&dlq_topic, 1, &[])?;
-        if let Some(late) = &args.late_topic {
+        if let Some(late) = &late_topic {
             admin.ensure_topic(late, partitions, &[])?;
         }
         let (output_topic, link_partitions) = match &topology.sink {
@@ -416,10 +424,10 @@ impl<P: Processor> StageSpec for Stage<P> {
             commit_interval: args.commit_interval.as_std(),
             event_time: EventTimeSettings {
                 max_out_of_orderness: topology.max_out_of_orderness,
-                idle_timeout: args.idle_timeout.map(|d| d.as_std()),
+                idle_timeout: idle_timeout.map(|d| d.as_std()),
             },
             max_task_idle: args.max_task_idle.as_std(),
-            late_topic: args.late_topic.clone(),
+            late_topic,
             dlq_topic,
             state_dir,
             store_names,
