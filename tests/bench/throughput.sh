@@ -42,6 +42,10 @@ elif service == "sensor-fusion":
 elif service == "orders":
     for i in range(n):
         out.write(json.dumps({"key": str(i), "value": {"id": i, "total_amount": 10.5, "customer_name": f"c{i % 997}", "order_ts_raw": 1_692_000_000 + i}}) + "\n")
+elif service == "window-aggregator":
+    for i in range(n):
+        customer = None if rng.random() < 0.1 else f"c{rng.randrange(5000)}"
+        out.write(json.dumps({"key": f"o{i}", "value": {"order_id": f"o{i}", "customer_id": customer, "product_id": f"p{rng.randrange(100)}", "price": rng.randrange(100, 100000) / 100, "order_time": base + i * 10}}) + "\n")
 elif service == "shipments":
     for i in range(n):
         out.write(json.dumps({"key": f"s{i}", "value": {"id": f"s{i}", "order_id": i, "warehouse": "Boston", "ship_ts_raw": 1_692_000_000 + i + 3600}}) + "\n")
@@ -92,6 +96,7 @@ generate sensor-fusion "$WORK/temperatures.jsonl"; produce "$RUN-temperatures" t
 "$BIN/streamctl" topics create "$RUN-humidities" --partitions 1 >/dev/null
 generate orders "$WORK/orders.jsonl"; produce "$RUN-orders" orders "$WORK/orders.jsonl"
 generate shipments "$WORK/shipments.jsonl"; produce "$RUN-shipments" shipments "$WORK/shipments.jsonl"
+generate window-aggregator "$WORK/marketplace.jsonl"; produce "$RUN-marketplace" orders-marketplace "$WORK/marketplace.jsonl"
 
 echo "| run | input records | wall time | records/s | CPU time | records per CPU-second |"
 echo "| --- | --- | --- | --- | --- | --- |"
@@ -111,4 +116,12 @@ for guarantee in $GUARANTEES; do
     "streams_records_produced_total{topic=\"$RUN-shipped-$guarantee\"}" "$port" \
     --orders-topic "$RUN-orders" --shipments-topic "$RUN-shipments" --output-topic "$RUN-shipped-$guarantee" \
     --application-id "$RUN-joiner-$guarantee" --processing-guarantee "$guarantee"
+  for grouping in global customer_id; do
+    port=$((port + 1))
+    group_flag=(); [ "$grouping" = global ] || group_flag=(--group-by "$grouping")
+    measure "window-aggregator ($grouping)/$guarantee" window-aggregator "$N" \
+      "streams_records_consumed_total{topic=\"$RUN-marketplace\"}" "$port" \
+      --input-topic "$RUN-marketplace" --output-topic "$RUN-windows-$grouping-$guarantee" "${group_flag[@]}" \
+      --application-id "$RUN-windows-$grouping-$guarantee" --processing-guarantee "$guarantee"
+  done
 done
