@@ -20,6 +20,7 @@ use crate::config::{LogFormat, ProcessingGuarantee, RuntimeArgs};
 use crate::delivery::Delivery;
 use crate::engine::{
     Engine, EngineContext, EngineSettings, GroupConsumer, InputRuntime, RepartitionRuntime, Route,
+    Routes,
 };
 use crate::metrics::Metrics;
 use crate::output::Output;
@@ -28,7 +29,7 @@ use crate::restore::Restorer;
 use crate::state::store::StateResources;
 use crate::task::{EventTimeSettings, InputKind};
 use crate::topics::Admin;
-use crate::topology::{Sink, Source, Topology};
+use crate::topology::{InputStream, Sink, Source, Topology};
 
 /// Sets up logging in the chosen format; `RUST_LOG` filters (default `info`).
 pub fn init_tracing(format: LogFormat) {
@@ -216,6 +217,37 @@ struct ServiceEnv {
     link_writers: HashMap<&'static str, usize>,
 }
 
+impl ServiceEnv {
+    /// The topic of each input, with how it reaches the stage's tasks.
+    fn resolve_sources<I>(&self, inputs: &[InputStream<I>]) -> anyhow::Result<Vec<SourceTopic>> {
+        inputs
+            .iter()
+            .map(|input| match &input.source {
+                Source::Topic(topic) => Ok(SourceTopic {
+                    topic: topic.clone(),
+                    co_partitioned: input.repartition.is_none(),
+                    link_writers: None,
+                }),
+                Source::Link(link) => {
+                    anyhow::ensure!(
+                        input.repartition.is_none(),
+                        "stage link {} cannot be repartitioned again",
+                        link.name
+                    );
+                    let writers = self.link_writers.get(link.name).copied().ok_or_else(|| {
+                        anyhow::anyhow!("stage link {} is written by no earlier stage", link.name)
+                    })?;
+                    Ok(SourceTopic {
+                        topic: link.topic(&self.application_id),
+                        co_partitioned: true,
+                        link_writers: Some(writers),
+                    })
+                }
+            })
+            .collect()
+    }
+}
+
 /// A stage before startup: checks its topics and builds its clients.
 trait StageSpec {
     fn prepare(self: Box<Self>, env: &mut ServiceEnv) -> anyhow::Result<Box<dyn PreparedStage>>;
@@ -281,32 +313,7 @@ impl<P: Processor> StageSpec for Stage<P> {
         })?;
 
         // Startup checks: broker, inputs, co-partitioning.
-        let sources: Vec<SourceTopic> = topology
-            .inputs
-            .iter()
-            .map(|input| match &input.source {
-                Source::Topic(topic) => Ok(SourceTopic {
-                    topic: topic.clone(),
-                    co_partitioned: input.repartition.is_none(),
-                    link_writers: None,
-                }),
-                Source::Link(link) => {
-                    anyhow::ensure!(
-                        input.repartition.is_none(),
-                        "stage link {} cannot be repartitioned again",
-                        link.name
-                    );
-                    let writers = env.link_writers.get(link.name).copied().ok_or_else(|| {
-                        anyhow::anyhow!("stage link {} is written by no earlier stage", link.name)
-                    })?;
-                    Ok(SourceTopic {
-                        topic: link.topic(&env.application_id),
-                        co_partitioned: true,
-                        link_writers: Some(writers),
-                    })
-                }
-            })
-            .collect::<anyhow::Result<_>>()?;
+        let sources = env.resolve_sources(&topology.inputs)?;
         let source_names: Vec<&str> = sources.iter().map(|s| s.topic.as_str()).collect();
         let counts = admin.wait_for_topics(&source_names, args.topic_wait.as_std())?;
         let partitions = co_partition_count(&sources, &counts)?;
@@ -360,55 +367,14 @@ impl<P: Processor> StageSpec for Stage<P> {
         let encoder = AvroEncoder::new(output_schema, schema_id)?;
 
         // Routes and inputs.
-        let mut topics = Vec::new();
-        let mut inputs = Vec::new();
-        for (slot, (input, source)) in topology.inputs.into_iter().zip(&sources).enumerate() {
-            let (kind, repartition) = match input.repartition {
-                None => {
-                    topics.push((
-                        source.topic.clone(),
-                        match source.link_writers {
-                            None => Route::Direct { slot },
-                            Some(_) => Route::Repartitioned { slot },
-                        },
-                    ));
-                    let kind = match source.link_writers {
-                        None => InputKind::Direct,
-                        Some(upstream_partitions) => InputKind::Repartitioned {
-                            upstream_partitions,
-                        },
-                    };
-                    (kind, None)
-                }
-                Some(repartition) => {
-                    let topic = format!("{application_id}-{}-repartition", repartition.name);
-                    let count = admin.ensure_topic(&topic, partitions, &[])?;
-                    anyhow::ensure!(
-                        count == partitions,
-                        "repartition topic {topic} has {count} partitions, expected {partitions}"
-                    );
-                    let upstream_partitions = counts[&source.topic];
-                    topics.push((source.topic.clone(), Route::Upstream { slot }));
-                    topics.push((topic.clone(), Route::Repartitioned { slot }));
-                    let runtime = RepartitionRuntime {
-                        topic,
-                        key_of: repartition.key_of,
-                        downstream_partitions: partitions,
-                    };
-                    (
-                        InputKind::Repartitioned {
-                            upstream_partitions,
-                        },
-                        Some(runtime),
-                    )
-                }
-            };
-            inputs.push(InputRuntime {
-                decode: input.decode,
-                kind,
-                repartition,
-            });
-        }
+        let (topics, inputs) = wire_inputs(
+            topology.inputs,
+            &sources,
+            &counts,
+            admin,
+            &application_id,
+            partitions,
+        )?;
 
         // Clients.
         let transactional_id = match args.processing_guarantee {
@@ -555,6 +521,69 @@ async fn wait_for_signal(shutdown: Arc<AtomicBool>) {
         _ = terminate.recv() => {}
     }
     shutdown.store(true, Ordering::Relaxed);
+}
+
+/// The consumer's routes (topic → what to do) and the engine's inputs: a
+/// direct input goes to its task, a repartitioned one through its
+/// repartition topic, a stage link is read like a repartition topic.
+fn wire_inputs<I>(
+    inputs: Vec<InputStream<I>>,
+    sources: &[SourceTopic],
+    counts: &HashMap<String, usize>,
+    admin: &Admin,
+    application_id: &str,
+    partitions: usize,
+) -> anyhow::Result<(Routes, Vec<InputRuntime<I>>)> {
+    let mut topics = Vec::new();
+    let mut runtimes = Vec::with_capacity(inputs.len());
+    for (slot, (input, source)) in inputs.into_iter().zip(sources).enumerate() {
+        let (kind, repartition) = match input.repartition {
+            None => {
+                topics.push((
+                    source.topic.clone(),
+                    match source.link_writers {
+                        None => Route::Direct { slot },
+                        Some(_) => Route::Repartitioned { slot },
+                    },
+                ));
+                let kind = match source.link_writers {
+                    None => InputKind::Direct,
+                    Some(upstream_partitions) => InputKind::Repartitioned {
+                        upstream_partitions,
+                    },
+                };
+                (kind, None)
+            }
+            Some(repartition) => {
+                let topic = format!("{application_id}-{}-repartition", repartition.name);
+                let count = admin.ensure_topic(&topic, partitions, &[])?;
+                anyhow::ensure!(
+                    count == partitions,
+                    "repartition topic {topic} has {count} partitions, expected {partitions}"
+                );
+                let upstream_partitions = counts[&source.topic];
+                topics.push((source.topic.clone(), Route::Upstream { slot }));
+                topics.push((topic.clone(), Route::Repartitioned { slot }));
+                let runtime = RepartitionRuntime {
+                    topic,
+                    key_of: repartition.key_of,
+                    downstream_partitions: partitions,
+                };
+                (
+                    InputKind::Repartitioned {
+                        upstream_partitions,
+                    },
+                    Some(runtime),
+                )
+            }
+        };
+        runtimes.push(InputRuntime {
+            decode: input.decode,
+            kind,
+            repartition,
+        });
+    }
+    Ok((topics, runtimes))
 }
 
 /// One input topic of a stage, resolved.

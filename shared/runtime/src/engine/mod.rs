@@ -80,6 +80,9 @@ pub(crate) enum Route {
     Repartitioned { slot: usize },
 }
 
+/// Every subscribed topic with its route.
+pub(crate) type Routes = Vec<(String, Route)>;
+
 /// One input of the topology, as the engine runs it.
 pub(crate) struct InputRuntime<I> {
     pub decode: DecodeFn<I>,
@@ -113,7 +116,7 @@ pub(crate) struct Engine<P: Processor> {
     settings: EngineSettings,
     processor: P,
     inputs: Vec<InputRuntime<P::Input>>,
-    topics: Vec<(String, Route)>,
+    topics: Routes,
     kinds: Vec<InputKind>,
     tasks: BTreeMap<i32, Task<P>>,
     output: Output,
@@ -204,7 +207,7 @@ impl<P: Processor> Engine<P> {
         settings: EngineSettings,
         processor: P,
         inputs: Vec<InputRuntime<P::Input>>,
-        topics: Vec<(String, Route)>,
+        topics: Routes,
         output: Output,
         registry: Registry,
         resources: StateResources,
