@@ -10,6 +10,7 @@
 #   BENCH_RECORDS   input records per service (default 400000)
 #   BENCH_GUARANTEES  processing guarantees to measure (default "exactly_once_v2 at_least_once")
 #   BIN_DIR         where the release binaries are (default $CARGO_TARGET_DIR/release)
+#   BENCH_ONLY      run only the runs whose label matches this regex (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -65,6 +66,7 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 measure() { # label binary expected-consumed consumed-series port args...
   local label=$1 binary=$2 total=$3 series=$4 port=$5; shift 5
+  [[ "$label" =~ ${BENCH_ONLY:-.} ]] || return 0
   local name=${label//\//-}
   "$BIN/$binary" --state-dir "$WORK/state-$name" --http-addr "127.0.0.1:$port" --log-format json "$@" \
     >"$WORK/$name.log" 2>&1 &

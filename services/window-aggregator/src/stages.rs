@@ -105,13 +105,11 @@ impl Processor for PartialAggregator {
         let order = record.value;
         let key = group_key(self.group_by.and_then(|field| order.group(field)));
         let watermark = ctx.watermark();
-        for start in hopping_starts(record.event_time, self.shape.size, self.shape.advance) {
-            if start + self.shape.size > watermark {
-                self.windows
-                    .update(ctx, &key, start, |window| window.add(&order))?;
-            }
-        }
-        Ok(())
+        let size = self.shape.size;
+        let open = hopping_starts(record.event_time, size, self.shape.advance)
+            .filter(|start| start + size > watermark);
+        self.windows
+            .update(ctx, &key, open, |window| window.add(&order))
     }
 
     fn on_timer(
@@ -152,7 +150,7 @@ impl Processor for FinalAggregator {
         let partial = record.value;
         let key = group_key(partial.group.as_deref());
         self.windows
-            .update(ctx, &key, partial.window_start, |window| {
+            .update(ctx, &key, [partial.window_start], |window| {
                 window.merge(&partial)
             })
     }

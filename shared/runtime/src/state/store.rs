@@ -17,8 +17,8 @@ use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
-    WriteBufferManager, DB,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options,
+    ReadOptions, WriteBatch, WriteBufferManager, DB,
 };
 
 /// Column family holding, per store, the last changelog offset applied locally.
@@ -198,8 +198,15 @@ impl TaskStore {
         prefix: &[u8],
     ) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-        let iterator = self.db.iterator_cf(
+        // The upper bound lets RocksDB stop at the prefix's end instead of
+        // stepping over the tombstones of every deleted key after it.
+        let mut options = ReadOptions::default();
+        if let Some(bound) = prefix_end(prefix) {
+            options.set_iterate_upper_bound(bound);
+        }
+        let iterator = self.db.iterator_cf_opt(
             self.family(store),
+            options,
             IteratorMode::From(prefix, Direction::Forward),
         );
         for entry in iterator {
@@ -342,9 +349,29 @@ impl TaskStore {
     }
 }
 
+/// The smallest key after every key that starts with `prefix`, if any.
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_end_is_the_next_key_after_the_prefix() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xFF]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xFF, 0xFF]), None);
+        assert_eq!(prefix_end(b""), None);
+    }
 
     fn temp_store(names: &[&str]) -> (TaskStore, PathBuf) {
         let dir = std::env::temp_dir().join(format!(
