@@ -37,6 +37,8 @@ create_and_produce humidity-readings "$FIXTURES/sensor-fusion/humidity-readings.
 create_and_produce orders "$FIXTURES/order-shipment-joiner/orders.jsonl"
 create_and_produce shipments "$FIXTURES/order-shipment-joiner/shipments.jsonl"
 create_and_produce user-events "$FIXTURES/sessionizer/user-events.jsonl"
+# No seed fixture for embed-batcher: a handful of edits written for the demo.
+create_and_produce articles deploy/local/demo-data/articles.jsonl
 
 start() { # binary http-port args...
   local binary=$1 port=$2; shift 2
@@ -47,7 +49,7 @@ start() { # binary http-port args...
 }
 
 # Output topics exist before anyone reads them (the services would create them too).
-for output in machine-maintenance shipped-orders user-sessions; do
+for output in machine-maintenance shipped-orders user-sessions article-embeddings; do
   streamctl topics create "$(topic "$output")" --partitions 1 >/dev/null
 done
 
@@ -57,6 +59,9 @@ start sensor-fusion 19101 --temperature-topic "$(topic temperature-readings)" \
 start order-shipment-joiner 19102 --orders-topic "$(topic orders)" \
   --shipments-topic "$(topic shipments)" --output-topic "$(topic shipped-orders)"
 start sessionizer 19103 --input-topic "$(topic user-events)" --output-topic "$(topic user-sessions)"
+# Batches of 3 and 4-number vectors keep the table readable.
+start embed-batcher 19104 --input-topic "$(topic articles)" --output-topic "$(topic article-embeddings)" \
+  --batch-size 3 --embedding-dimensions 4
 
 show() { # title topic rows
   echo
@@ -66,5 +71,7 @@ show() { # title topic rows
 show "sensor-fusion: maintenance verdicts per machine and window" "$(topic machine-maintenance)" 2
 show "order-shipment-joiner: orders shipped within 7 days" "$(topic shipped-orders)" 10
 show "sessionizer: sessions ended by LOGOUT or inactivity" "$(topic user-sessions)" 1
+show "embed-batcher: a full batch (acme), batches after max-wait (globex, initech)" \
+  "$(topic article-embeddings)" 6
 echo
 echo "demo done; stopping the services"

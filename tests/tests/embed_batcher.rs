@@ -236,17 +236,18 @@ fn pending_edits_not_written_for_the_state_ttl_are_dropped_and_counted() {
 /// What the fake embeddings endpoint received: authorization, model, inputs.
 type Requests = Arc<Mutex<Vec<(String, Value, Vec<String>)>>>;
 
-/// An OpenAI-compatible `/v1/embeddings` endpoint that answers its first
-/// `failures` requests with 500, then for each input `doc-<k>...` the vector
-/// `[k, 0.5]`, listing the answers in reverse (clients must order by index).
-fn fake_embeddings(failures: usize) -> (u16, Requests) {
+/// An OpenAI-compatible `/v1/embeddings` endpoint that answers the requests
+/// numbered (from 0) in `failures` with 500, the others with, for each input
+/// `doc-<k>...`, the vector `[k, 0.5]`, listing the answers in reverse
+/// (clients must order them by index).
+fn fake_embeddings(failures: std::ops::Range<usize>) -> (u16, Requests) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let requests: Requests = Arc::default();
     let seen = requests.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let failed = seen.lock().unwrap().len() < failures;
+            let failed = failures.contains(&seen.lock().unwrap().len());
             if let Some(request) = answer(stream, failed) {
                 seen.lock().unwrap().push(request);
             }
@@ -318,7 +319,7 @@ fn answer(stream: TcpStream, fail: bool) -> Option<(String, Value, Vec<String>)>
 
 #[test]
 fn the_openai_embedder_is_retried_until_it_answers_and_nothing_is_lost() {
-    let (port, requests) = fake_embeddings(2);
+    let (port, requests) = fake_embeddings(0..2);
     let topics = topics(1);
     let url = format!("http://127.0.0.1:{port}");
     let service = start(
@@ -369,4 +370,48 @@ fn the_openai_embedder_is_retried_until_it_answers_and_nothing_is_lost() {
     assert!(requests
         .iter()
         .all(|(auth, model, _)| auth == "Bearer sk-test" && model == "test-model"));
+}
+
+/// The embedder blocks the engine thread while it retries; under exactly-once
+/// the runtime's transaction times out (10 s), the producer is fenced and
+/// replaced, and the task rolls back to its last commit.
+#[test]
+fn an_embedder_outage_longer_than_the_transaction_timeout_loses_nothing() {
+    // Request 0 (acme's batch) succeeds and its rows open a transaction; beta's
+    // batch then fails for 25 s of backoff, beyond the 10 s transaction timeout.
+    let (port, requests) = fake_embeddings(1..9);
+    let topics = topics(1);
+    let url = format!("http://127.0.0.1:{port}");
+    let service = start(
+        &topics,
+        &[
+            "--batch-size",
+            "2",
+            "--embedder",
+            "openai",
+            "--embedder-url",
+            &url,
+        ],
+    );
+    let edits = vec![
+        Edit::new("acme", "doc-1", T),
+        Edit::new("acme", "doc-2", T + 100),
+        Edit::new("beta", "doc-3", T + 200),
+        Edit::new("beta", "doc-4", T + 300),
+    ];
+    let mut lines = edits.clone();
+    lines.push(Edit::new("clock", "tick", T + 100_000));
+    produce_edits(&topics, &lines);
+    let output = wait_for_records(&topics.output, 4, Duration::from_secs(120));
+    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 2)).collect();
+    let expected = vec![
+        row(&edits[0], T + 100),
+        row(&edits[1], T + 100),
+        row(&edits[2], T + 300),
+        row(&edits[3], T + 300),
+    ];
+    // Exactly once: the aborted transaction's rows are not visible, the
+    // rolled-back batches were embedded again.
+    assert_same_rows_per_tenant(&rows, &expected, &service.log());
+    assert!(requests.lock().unwrap().len() >= 10);
 }
