@@ -28,7 +28,7 @@ fn topics(partitions: usize) -> Topics {
     topics
 }
 
-fn start(topics: &Topics, extra: &[&str]) -> Service {
+fn service_args(topics: &Topics, extra: &[&str]) -> Vec<String> {
     let mut arguments = args(&[
         "--input-topic",
         &topics.input,
@@ -38,7 +38,11 @@ fn start(topics: &Topics, extra: &[&str]) -> Service {
         &topics.application_id,
     ]);
     arguments.extend(args(extra));
-    Service::start("embed-batcher", &arguments)
+    arguments
+}
+
+fn start(topics: &Topics, extra: &[&str]) -> Service {
+    Service::start("embed-batcher", &service_args(topics, extra))
 }
 
 fn produce_edits(topics: &Topics, edits: &[Edit]) {
@@ -230,6 +234,44 @@ fn pending_edits_not_written_for_the_state_ttl_are_dropped_and_counted() {
         ) == 2.0),
         "{}",
         service.metrics()
+    );
+}
+
+/// The seed's steps 5 and 7: after a restart on an empty state directory, the
+/// pending edits, the timer and the watermark come back from the changelogs,
+/// so a stale edit is still late and the waiting batch still goes.
+#[test]
+fn pending_edits_timers_and_the_watermark_survive_a_restart_without_local_state() {
+    let topics = topics(1);
+    let arguments = service_args(&topics, &[]);
+    let first = Service::start("embed-batcher", &arguments);
+    let acme_d1 = Edit::new("acme", "d1", T);
+    produce_edits(
+        &topics,
+        &[acme_d1.clone(), Edit::new("clock", "tick", T + 20_000)],
+    );
+    wait_consumed(&first, &topics, 2);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(first.stop().success());
+
+    produce_edits(
+        &topics,
+        &[
+            // At or before the stored watermark (T + 15 s): late, not buffered.
+            Edit::new("acme", "d1", T + 10_000),
+            // Watermark T + 35 s: acme's timer (T + 30 s) sends the old d1.
+            Edit::new("clock", "tock", T + 40_000),
+        ],
+    );
+    let second = Service::start("embed-batcher", &arguments);
+    let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
+    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 384)).collect();
+    assert_same_rows_per_tenant(&rows, &[row(&acme_d1, T + 30_000)], &second.log());
+    assert!(
+        eventually(Duration::from_secs(30), || late_records(&second, &topics)
+            == 1.0),
+        "{}",
+        second.metrics()
     );
 }
 
