@@ -86,6 +86,7 @@ pub fn topology(settings: &Settings) -> anyhow::Result<Topology<Article>> {
     .max_out_of_orderness(settings.max_out_of_orderness))
 }
 
+/// The processor; cloned per task, sharing one embedder.
 #[derive(Clone)]
 pub struct EmbedBatcher {
     batch_size: usize,
@@ -102,6 +103,7 @@ fn wall_clock() -> i64 {
 }
 
 impl EmbedBatcher {
+    /// A processor with the settings' batching rules and TTL.
     pub fn new(settings: &Settings, embedder: Arc<dyn Embedder>) -> Self {
         EmbedBatcher {
             batch_size: settings.batch_size as usize,
