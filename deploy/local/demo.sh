@@ -38,6 +38,8 @@ create_and_produce orders "$FIXTURES/order-shipment-joiner/orders.jsonl"
 create_and_produce shipments "$FIXTURES/order-shipment-joiner/shipments.jsonl"
 create_and_produce user-events "$FIXTURES/sessionizer/user-events.jsonl"
 create_and_produce orders-marketplace "$FIXTURES/window-aggregator/orders-marketplace.jsonl"
+# No seed fixture for embed-batcher: a handful of edits written for the demo.
+create_and_produce articles deploy/local/demo-data/articles.jsonl
 
 start() { # binary http-port args...
   local binary=$1 port=$2; shift 2
@@ -48,7 +50,7 @@ start() { # binary http-port args...
 }
 
 # Output topics exist before anyone reads them (the services would create them too).
-for output in machine-maintenance shipped-orders user-sessions order-window-counts; do
+for output in machine-maintenance shipped-orders user-sessions order-window-counts article-embeddings; do
   streamctl topics create "$(topic "$output")" --partitions 1 >/dev/null
 done
 
@@ -60,6 +62,9 @@ start order-shipment-joiner 19102 --orders-topic "$(topic orders)" \
 start sessionizer 19103 --input-topic "$(topic user-events)" --output-topic "$(topic user-sessions)"
 start window-aggregator 19104 --input-topic "$(topic orders-marketplace)" \
   --output-topic "$(topic order-window-counts)"
+# Batches of 3 and 4-number vectors keep the table readable.
+start embed-batcher 19105 --input-topic "$(topic articles)" --output-topic "$(topic article-embeddings)" \
+  --batch-size 3 --embedding-dimensions 4
 
 show() { # title topic rows
   echo
@@ -70,5 +75,7 @@ show "sensor-fusion: maintenance verdicts per machine and window" "$(topic machi
 show "order-shipment-joiner: orders shipped within 7 days" "$(topic shipped-orders)" 10
 show "sessionizer: sessions ended by LOGOUT or inactivity" "$(topic user-sessions)" 1
 show "window-aggregator: 2 s hopping windows every 1 s over all orders" "$(topic order-window-counts)" 4
+show "embed-batcher: a full batch (acme), batches after max-wait (globex, initech)" \
+  "$(topic article-embeddings)" 6
 echo
 echo "demo done; stopping the services"

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 pub use serde_json::json;
 
+pub mod batches;
 pub mod sessions;
 pub mod windows;
 
