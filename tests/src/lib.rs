@@ -422,6 +422,54 @@ pub fn args(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
+/// One run of a single-input service: its input and output topics and its
+/// application id, all unique to the run.
+pub struct SingleInputRun {
+    pub binary: &'static str,
+    pub input: String,
+    pub output: String,
+    pub application_id: String,
+}
+
+impl SingleInputRun {
+    /// A run of `binary` over a new input topic named after `input_topic`
+    /// (created with `partitions`), writing a new one named after `output_topic`.
+    pub fn new(
+        binary: &'static str,
+        input_topic: &str,
+        output_topic: &str,
+        partitions: usize,
+    ) -> Self {
+        let run = SingleInputRun {
+            binary,
+            input: unique(input_topic),
+            output: unique(output_topic),
+            application_id: unique(binary),
+        };
+        create_topic(&run.input, partitions);
+        run
+    }
+
+    /// The service's arguments for this run, then `extra`.
+    pub fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut arguments = args(&[
+            "--input-topic",
+            &self.input,
+            "--output-topic",
+            &self.output,
+            "--application-id",
+            &self.application_id,
+        ]);
+        arguments.extend(args(extra));
+        arguments
+    }
+
+    /// Starts the service with this run's arguments and `extra`.
+    pub fn start(&self, extra: &[&str]) -> Service {
+        Service::start(self.binary, &self.args(extra))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

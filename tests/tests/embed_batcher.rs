@@ -12,46 +12,22 @@ use e2e_tests::batches::{generate, model, per_tenant, row, without_embedding, Ed
 use e2e_tests::*;
 use serde_json::Value;
 
-struct Topics {
-    input: String,
-    output: String,
-    application_id: String,
+fn topics(partitions: usize) -> SingleInputRun {
+    SingleInputRun::new(
+        "embed-batcher",
+        "articles",
+        "article-embeddings",
+        partitions,
+    )
 }
 
-fn topics(partitions: usize) -> Topics {
-    let topics = Topics {
-        input: unique("articles"),
-        output: unique("article-embeddings"),
-        application_id: unique("embed-batcher"),
-    };
-    create_topic(&topics.input, partitions);
-    topics
-}
-
-fn service_args(topics: &Topics, extra: &[&str]) -> Vec<String> {
-    let mut arguments = args(&[
-        "--input-topic",
-        &topics.input,
-        "--output-topic",
-        &topics.output,
-        "--application-id",
-        &topics.application_id,
-    ]);
-    arguments.extend(args(extra));
-    arguments
-}
-
-fn start(topics: &Topics, extra: &[&str]) -> Service {
-    Service::start("embed-batcher", &service_args(topics, extra))
-}
-
-fn produce_edits(topics: &Topics, edits: &[Edit]) {
+fn produce_edits(topics: &SingleInputRun, edits: &[Edit]) {
     let lines: Vec<Value> = edits.iter().map(Edit::line).collect();
     produce(&topics.input, "articles", &lines);
 }
 
 /// Waits until the service has consumed `count` input records and committed.
-fn wait_consumed(service: &Service, topics: &Topics, count: usize) {
+fn wait_consumed(service: &Service, topics: &SingleInputRun, count: usize) {
     let series = format!(
         "streams_records_consumed_total{{topic=\"{}\"}}",
         topics.input
@@ -70,7 +46,7 @@ fn processor_counter(service: &Service, name: &str) -> f64 {
     ))
 }
 
-fn late_records(service: &Service, topics: &Topics) -> f64 {
+fn late_records(service: &Service, topics: &SingleInputRun) -> f64 {
     service.metric(&format!(
         "streams_records_late_total{{topic=\"{}\"}}",
         topics.input
@@ -105,10 +81,7 @@ fn random_edits_of_many_tenants_over_four_partitions_match_a_model_of_the_spec()
     let expected = model(&edits, partitions, &rules);
     assert!(expected.batches > 20 && expected.late > 0, "{expected:?}");
     let topics = topics(partitions);
-    let service = start(
-        &topics,
-        &["--batch-size", "5", "--embedding-dimensions", "16"],
-    );
+    let service = topics.start(&["--batch-size", "5", "--embedding-dimensions", "16"]);
     produce_edits(&topics, &edits);
     let output = wait_for_records(
         &topics.output,
@@ -132,7 +105,7 @@ fn random_edits_of_many_tenants_over_four_partitions_match_a_model_of_the_spec()
 #[test]
 fn batches_follow_the_rules_of_the_spec() {
     let topics = topics(1);
-    let service = start(&topics, &["--batch-size", "3"]);
+    let service = topics.start(&["--batch-size", "3"]);
     let acme_d1_old = Edit::new("acme", "d1", T);
     let acme_d2 = Edit::new("acme", "d2", T + 1_000);
     let acme_d1 = Edit::new("acme", "d1", T + 2_000);
@@ -199,7 +172,7 @@ fn batches_follow_the_rules_of_the_spec() {
 #[test]
 fn pending_edits_not_written_for_the_state_ttl_are_dropped_and_counted() {
     let topics = topics(1);
-    let service = start(&topics, &["--state-ttl", "2s"]);
+    let service = topics.start(&["--state-ttl", "2s"]);
     produce_edits(
         &topics,
         &[Edit::new("acme", "d1", T), Edit::new("globex", "g1", T)],
@@ -243,7 +216,7 @@ fn pending_edits_not_written_for_the_state_ttl_are_dropped_and_counted() {
 #[test]
 fn pending_edits_timers_and_the_watermark_survive_a_restart_without_local_state() {
     let topics = topics(1);
-    let arguments = service_args(&topics, &[]);
+    let arguments = topics.args(&[]);
     let first = Service::start("embed-batcher", &arguments);
     let acme_d1 = Edit::new("acme", "d1", T);
     produce_edits(
@@ -364,21 +337,18 @@ fn the_openai_embedder_is_retried_until_it_answers_and_nothing_is_lost() {
     let (port, requests) = fake_embeddings(0..2);
     let topics = topics(1);
     let url = format!("http://127.0.0.1:{port}");
-    let service = start(
-        &topics,
-        &[
-            "--batch-size",
-            "2",
-            "--embedder",
-            "openai",
-            "--embedder-url",
-            &url,
-            "--embedder-model",
-            "test-model",
-            "--embedder-api-key",
-            "sk-test",
-        ],
-    );
+    let service = topics.start(&[
+        "--batch-size",
+        "2",
+        "--embedder",
+        "openai",
+        "--embedder-url",
+        &url,
+        "--embedder-model",
+        "test-model",
+        "--embedder-api-key",
+        "sk-test",
+    ]);
     let edits: Vec<Edit> = (1..=5)
         .map(|k| Edit::new("acme", &format!("doc-{k}"), T + 100 * (k - 1)))
         .collect();
@@ -424,17 +394,14 @@ fn an_embedder_outage_longer_than_the_transaction_timeout_loses_nothing() {
     let (port, requests) = fake_embeddings(1..9);
     let topics = topics(1);
     let url = format!("http://127.0.0.1:{port}");
-    let service = start(
-        &topics,
-        &[
-            "--batch-size",
-            "2",
-            "--embedder",
-            "openai",
-            "--embedder-url",
-            &url,
-        ],
-    );
+    let service = topics.start(&[
+        "--batch-size",
+        "2",
+        "--embedder",
+        "openai",
+        "--embedder-url",
+        &url,
+    ]);
     let edits = vec![
         Edit::new("acme", "doc-1", T),
         Edit::new("acme", "doc-2", T + 100),

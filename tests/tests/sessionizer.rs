@@ -6,37 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use e2e_tests::sessions::{event, session};
 use e2e_tests::*;
 
-struct Topics {
-    input: String,
-    output: String,
-    application_id: String,
-}
-
-fn topics(partitions: usize) -> Topics {
-    let topics = Topics {
-        input: unique("user-events"),
-        output: unique("user-sessions"),
-        application_id: unique("sessionizer"),
-    };
-    create_topic(&topics.input, partitions);
-    topics
-}
-
-fn service_args(topics: &Topics, extra: &[&str]) -> Vec<String> {
-    let mut arguments = args(&[
-        "--input-topic",
-        &topics.input,
-        "--output-topic",
-        &topics.output,
-        "--application-id",
-        &topics.application_id,
-    ]);
-    arguments.extend(args(extra));
-    arguments
-}
-
-fn start(topics: &Topics, extra: &[&str]) -> Service {
-    Service::start("sessionizer", &service_args(topics, extra))
+fn topics(partitions: usize) -> SingleInputRun {
+    SingleInputRun::new("sessionizer", "user-events", "user-sessions", partitions)
 }
 
 const T: i64 = 1_783_345_153_000;
@@ -44,7 +15,7 @@ const T: i64 = 1_783_345_153_000;
 #[test]
 fn fixture_gives_bobs_timeout() {
     let topics = topics(1);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(
         &topics.input,
         "user-events",
@@ -62,7 +33,7 @@ fn fixture_gives_bobs_timeout() {
 #[test]
 fn logout_completes_the_session_at_once() {
     let topics = topics(1);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(
         &topics.input,
         "user-events",
@@ -90,7 +61,7 @@ fn logout_completes_the_session_at_once() {
 #[test]
 fn timers_fire_when_the_watermark_reaches_them_and_not_before() {
     let topics = topics(1);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(
         &topics.input,
         "user-events",
@@ -117,7 +88,7 @@ fn timers_fire_when_the_watermark_reaches_them_and_not_before() {
 #[test]
 fn a_record_after_a_deadline_sees_the_timeout_then_starts_a_new_session() {
     let topics = topics(1);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(
         &topics.input,
         "user-events",
@@ -150,7 +121,7 @@ fn a_record_after_a_deadline_sees_the_timeout_then_starts_a_new_session() {
 fn a_thousand_users_over_four_partitions_match_a_model_of_the_spec() {
     let (lines, expected) = e2e_tests::sessions::generate(1000, 7, T);
     let topics = topics(4);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(&topics.input, "user-events", &lines);
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
     assert_same_records(&output, &expected, &service.log());
@@ -159,10 +130,7 @@ fn a_thousand_users_over_four_partitions_match_a_model_of_the_spec() {
 #[test]
 fn with_an_idle_timeout_a_quiet_session_times_out_in_wall_clock_time() {
     let topics = topics(1);
-    let service = start(
-        &topics,
-        &["--idle-timeout", "2s", "--session-timeout", "3s"],
-    );
+    let service = topics.start(&["--idle-timeout", "2s", "--session-timeout", "3s"]);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -180,7 +148,7 @@ fn with_an_idle_timeout_a_quiet_session_times_out_in_wall_clock_time() {
 #[test]
 fn late_records_are_counted_and_dropped() {
     let topics = topics(1);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(
         &topics.input,
         "user-events",
@@ -204,7 +172,7 @@ fn late_records_are_counted_and_dropped() {
 #[test]
 fn a_poison_pill_goes_to_the_dead_letter_topic_and_good_records_keep_flowing() {
     let topics = topics(1);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(&topics.input, "user-events", &[event("hal", "LOGIN", T)]);
     let pill = write_jsonl(&[json!({"key": "hal", "value": "this is not avro"})]);
     streamctl_ok(&[
@@ -269,7 +237,7 @@ fn a_poison_pill_goes_to_the_dead_letter_topic_and_good_records_keep_flowing() {
 #[test]
 fn after_a_restart_the_stored_watermark_still_marks_old_records_late() {
     let topics = topics(1);
-    let arguments = service_args(&topics, &[]);
+    let arguments = topics.args(&[]);
     let first = Service::start("sessionizer", &arguments);
     produce(
         &topics.input,
@@ -302,7 +270,7 @@ fn after_a_restart_the_stored_watermark_still_marks_old_records_late() {
 #[test]
 fn records_written_with_an_evolved_schema_are_read_into_the_service_schema() {
     let topics = topics(1);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(&topics.input, "user-events", &[event("kim", "LOGIN", T)]);
     // A producer upgraded its schema: a new optional field (a compatible change).
     let evolved = std::env::temp_dir().join(format!("{}.avsc", unique("user-events-v2")));

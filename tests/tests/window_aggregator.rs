@@ -8,37 +8,13 @@ use e2e_tests::windows::{generate, model, Order, WindowRules};
 use e2e_tests::*;
 use serde_json::Value;
 
-struct Topics {
-    input: String,
-    output: String,
-    application_id: String,
-}
-
-fn topics(partitions: usize) -> Topics {
-    let topics = Topics {
-        input: unique("orders-marketplace"),
-        output: unique("order-window-counts"),
-        application_id: unique("window-aggregator"),
-    };
-    create_topic(&topics.input, partitions);
-    topics
-}
-
-fn service_args(topics: &Topics, extra: &[&str]) -> Vec<String> {
-    let mut arguments = args(&[
-        "--input-topic",
-        &topics.input,
-        "--output-topic",
-        &topics.output,
-        "--application-id",
-        &topics.application_id,
-    ]);
-    arguments.extend(args(extra));
-    arguments
-}
-
-fn start(topics: &Topics, extra: &[&str]) -> Service {
-    Service::start("window-aggregator", &service_args(topics, extra))
+fn topics(partitions: usize) -> SingleInputRun {
+    SingleInputRun::new(
+        "window-aggregator",
+        "orders-marketplace",
+        "order-window-counts",
+        partitions,
+    )
 }
 
 fn lines(orders: &[Order]) -> Vec<Value> {
@@ -50,7 +26,7 @@ const T: i64 = 1_783_345_153_000;
 #[test]
 fn fixture_gives_the_expected_windows_in_order() {
     let topics = topics(1);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     produce(
         &topics.input,
         "orders-marketplace",
@@ -73,17 +49,14 @@ fn global_windows_over_four_partitions_match_a_model_of_the_spec() {
     let orders = generate(5_000, 50, T, 300);
     let expected = model(&orders, rules);
     let topics = topics(rules.partitions);
-    let service = start(
-        &topics,
-        &[
-            "--window-size",
-            "2s",
-            "--window-advance",
-            "500ms",
-            "--max-out-of-orderness",
-            "300ms",
-        ],
-    );
+    let service = topics.start(&[
+        "--window-size",
+        "2s",
+        "--window-advance",
+        "500ms",
+        "--max-out-of-orderness",
+        "300ms",
+    ]);
     produce(&topics.input, "orders-marketplace", &lines(&orders));
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
     assert_same_records(&output, &expected, &service.log());
@@ -121,15 +94,12 @@ fn grouped_by_customer_over_three_partitions_match_a_model_of_the_spec() {
         "the null customer is a group of its own"
     );
     let topics = topics(rules.partitions);
-    let service = start(
-        &topics,
-        &[
-            "--group-by",
-            "customer_id",
-            "--max-out-of-orderness",
-            "200ms",
-        ],
-    );
+    let service = topics.start(&[
+        "--group-by",
+        "customer_id",
+        "--max-out-of-orderness",
+        "200ms",
+    ]);
     produce(&topics.input, "orders-marketplace", &lines(&orders));
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
     assert_same_records(&output, &expected, &service.log());
@@ -155,7 +125,7 @@ fn order_in_partition(partition: usize, partitions: usize, time: i64, index: &mu
 #[test]
 fn the_final_stage_waits_for_the_slowest_partition() {
     let topics = topics(2);
-    let service = start(&topics, &[]);
+    let service = topics.start(&[]);
     let mut index = 0;
     // Partition 0 runs far ahead; partition 1 stays inside the first windows.
     let ahead = order_in_partition(0, 2, T + 60_000, &mut index);
@@ -194,7 +164,7 @@ fn a_crash_between_the_stages_loses_and_duplicates_nothing() {
     let orders = generate(20_000, 50, T, 100);
     let expected = model(&orders, rules);
     let topics = topics(rules.partitions);
-    let arguments = service_args(&topics, &["--max-out-of-orderness", "100ms"]);
+    let arguments = topics.args(&["--max-out-of-orderness", "100ms"]);
     let state = std::env::temp_dir().join(unique("state"));
     let first = Service::start_with_state("window-aggregator", &arguments, state.clone());
     produce(&topics.input, "orders-marketplace", &lines(&orders));
@@ -214,7 +184,7 @@ fn a_crash_between_the_stages_loses_and_duplicates_nothing() {
 #[test]
 fn an_advance_longer_than_the_window_is_refused_at_startup() {
     let topics = topics(1);
-    let service = start(&topics, &["--window-size", "1s", "--window-advance", "2s"]);
+    let service = topics.start(&["--window-size", "1s", "--window-advance", "2s"]);
     let (status, log) = service
         .wait_exit(Duration::from_secs(30))
         .expect("the service exits");
