@@ -37,7 +37,7 @@ use streams_runtime::{
 };
 
 use crate::batching::{plan_batches, wake_up_after_edit};
-use crate::embedder::Embedder;
+use crate::embedder::{Embedder, Retrying};
 use crate::model::{Article, ArticleEmbedding};
 use crate::settings::Settings;
 
@@ -92,7 +92,7 @@ pub struct EmbedBatcher {
     batch_size: usize,
     max_wait: i64,
     state_ttl: i64,
-    embedder: Arc<dyn Embedder>,
+    embedder: Arc<Retrying<Box<dyn Embedder>>>,
 }
 
 /// Wall-clock milliseconds since the epoch.
@@ -104,7 +104,7 @@ fn wall_clock() -> i64 {
 
 impl EmbedBatcher {
     /// A processor with the settings' batching rules and TTL.
-    pub fn new(settings: &Settings, embedder: Arc<dyn Embedder>) -> Self {
+    pub fn new(settings: &Settings, embedder: Arc<Retrying<Box<dyn Embedder>>>) -> Self {
         EmbedBatcher {
             batch_size: settings.batch_size as usize,
             max_wait: settings.max_wait.as_millis_i64(),
@@ -163,7 +163,7 @@ impl EmbedBatcher {
             .iter()
             .map(|(_, edit)| format!("{}\n\n{}", edit.title, edit.body))
             .collect();
-        let vectors = self.embedder.embed(&texts)?;
+        let vectors = self.embedder.embed(&texts, || ctx.shutdown_requested())?;
         for ((doc_id, edit), embedding) in batch.iter().zip(vectors) {
             let row = ArticleEmbedding {
                 tenant_id: tenant.to_string(),

@@ -104,9 +104,14 @@ impl Delivery {
             .set("compression.type", "lz4")
             .set("queue.buffering.max.messages", "1000000");
         if let Some(id) = transactional_id {
-            config
-                .set("transactional.id", id)
-                .set("transaction.timeout.ms", "10000");
+            config.set("transactional.id", id);
+            // Short, so that the open transaction of an instance that never
+            // comes back holds read_committed readers back for 10 s at most;
+            // a processor that may block longer (a slow external call) sets a
+            // larger one with --kafka.
+            if config.get("transaction.timeout.ms").is_none() {
+                config.set("transaction.timeout.ms", "10000");
+            }
         }
         let timeout = Duration::from_secs(30);
         let transactional = transactional_id.is_some();

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -129,6 +130,7 @@ pub struct Context<'a, O> {
     pub(crate) watermark: i64,
     pub(crate) output: &'a mut Output,
     pub(crate) counters: &'a mut BTreeMap<&'static str, u64>,
+    pub(crate) shutdown: &'a AtomicBool,
     pub(crate) _output: PhantomData<fn(O)>,
 }
 
@@ -142,6 +144,14 @@ impl<O: Serialize> Context<'_, O> {
     /// of the key, like the Java client).
     pub fn emit(&mut self, key: Option<&str>, value: &O) -> anyhow::Result<()> {
         self.output.emit(key, value)
+    }
+
+    /// Whether the service has been asked to stop. Processor code that waits
+    /// (for an external service, say) checks it and gives up with an error:
+    /// the stage then stops without committing, and the uncommitted work is
+    /// done again after the restart.
+    pub fn shutdown_requested(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
     }
 
     /// Adds one to the service counter `name` (exported as a metric).

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::marker::PhantomData;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use crate::output::Output;
@@ -40,6 +41,8 @@ pub(crate) struct TaskEnv<'a> {
     pub time: EventTimeSettings,
     /// Wall-clock time of this batch of work (read once, not per record).
     pub now: Instant,
+    /// Set when the service is asked to stop.
+    pub shutdown: &'a AtomicBool,
 }
 
 /// Where a buffered entry came from: its topic (engine index) and offset.
@@ -342,6 +345,7 @@ impl<P: Processor> Task<P> {
             watermark: self.watermark,
             output: env.output,
             counters: &mut self.counters,
+            shutdown: env.shutdown,
             _output: PhantomData,
         };
         call(&mut self.processor, &mut ctx)

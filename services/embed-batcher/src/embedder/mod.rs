@@ -1,6 +1,6 @@
 //! Embedding models behind one trait, and the retry policy around them.
 //!
-//! The processor holds an `Arc<dyn Embedder>`: every task (processor clone)
+//! The processor holds an `Arc` of the retrying embedder: every task (processor clone)
 //! shares one model and, for HTTP, one connection pool. Embedding happens on
 //! the engine thread inside `on_timer`, so a request blocks processing of
 //! this instance until it answers; that keeps a batch's rows and the state
@@ -25,16 +25,23 @@ pub trait Embedder: Send + Sync {
 }
 
 /// The embedder the flags select, wrapped in the retry policy.
-pub fn from_settings(settings: &Settings) -> anyhow::Result<Arc<dyn Embedder>> {
-    Ok(match settings.embedder {
-        EmbedderKind::Local => Arc::new(Retrying::new(HashingEmbedder::new(
-            settings.embedding_dimensions as usize,
-        ))),
-        EmbedderKind::Openai => Arc::new(Retrying::new(OpenAiEmbedder::new(
+pub fn from_settings(settings: &Settings) -> anyhow::Result<Arc<Retrying<Box<dyn Embedder>>>> {
+    let embedder: Box<dyn Embedder> = match settings.embedder {
+        EmbedderKind::Local => {
+            Box::new(HashingEmbedder::new(settings.embedding_dimensions as usize))
+        }
+        EmbedderKind::Openai => Box::new(OpenAiEmbedder::new(
             &settings.embedder_url,
             &settings.embedder_model,
             settings.embedder_api_key.as_deref(),
             settings.embedder_timeout.as_std(),
-        )?)),
-    })
+        )?),
+    };
+    Ok(Arc::new(Retrying::new(embedder)))
+}
+
+impl Embedder for Box<dyn Embedder> {
+    fn embed(&self, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.as_ref().embed(texts)
+    }
 }

@@ -2,8 +2,11 @@
 //!
 //! A failed request (network error, HTTP error status, malformed answer) is
 //! retried after an exponentially growing pause, capped, for as long as it
-//! takes. The batch's edits stay in state meanwhile, and nothing of the
-//! batch is emitted, so a crash during the wait loses nothing either.
+//! takes — or until the service is asked to stop, which ends the wait with
+//! an error. The batch's edits stay in state meanwhile and nothing of the
+//! batch is emitted, so neither a crash nor a stop during the wait loses
+//! anything: the stopped instance does not commit, and the batch is sent
+//! after the restart.
 
 use std::time::Duration;
 
@@ -14,7 +17,7 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// Longest pause between attempts.
 const MAX_PAUSE: Duration = Duration::from_secs(30);
 
-/// An embedder that retries `inner` until it succeeds.
+/// Retries `inner` until it succeeds.
 #[derive(Debug)]
 pub struct Retrying<E> {
     inner: E,
@@ -43,8 +46,17 @@ fn next_pause(pause: Duration, max: Duration) -> Duration {
     pause.saturating_mul(2).min(max)
 }
 
-impl<E: Embedder> Embedder for Retrying<E> {
-    fn embed(&self, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
+/// How often a pause checks whether the service is stopping.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+
+impl<E: Embedder> Retrying<E> {
+    /// Embeds `texts`, retrying failures until an answer fits or `stopping`
+    /// says the service is stopping.
+    pub fn embed(
+        &self,
+        texts: &[String],
+        stopping: impl Fn() -> bool,
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
         let mut pause = self.first_pause;
         let mut attempt = 1u64;
         loop {
@@ -61,7 +73,14 @@ impl<E: Embedder> Embedder for Retrying<E> {
                     "embedding request failed: {error:#}; retrying in {pause:?}"
                 ),
             }
-            std::thread::sleep(pause);
+            let resume = std::time::Instant::now() + pause;
+            while let Some(left) = resume.checked_duration_since(std::time::Instant::now()) {
+                anyhow::ensure!(
+                    !stopping(),
+                    "stopping while the embedder fails; the batch stays pending"
+                );
+                std::thread::sleep(left.min(STOP_CHECK));
+            }
             pause = next_pause(pause, self.max_pause);
             attempt += 1;
         }
@@ -100,8 +119,25 @@ mod tests {
         let retrying =
             Retrying::with_pauses(flaky, Duration::from_millis(1), Duration::from_millis(2));
         let texts = vec!["a".to_string(), "b".to_string()];
-        assert_eq!(retrying.embed(&texts).unwrap(), vec![vec![0.0], vec![1.0]]);
+        assert_eq!(
+            retrying.embed(&texts, || false).unwrap(),
+            vec![vec![0.0], vec![1.0]]
+        );
         assert_eq!(retrying.inner.calls.load(Ordering::SeqCst), 5);
+    }
+
+    #[test]
+    fn a_stop_ends_the_retries_with_an_error() {
+        let down = Flaky {
+            failures: usize::MAX,
+            calls: AtomicUsize::new(0),
+        };
+        let retrying =
+            Retrying::with_pauses(down, Duration::from_secs(30), Duration::from_secs(30));
+        let texts = vec!["a".to_string()];
+        let error = retrying.embed(&texts, || true).unwrap_err();
+        assert!(error.to_string().contains("stopping"), "{error}");
+        assert_eq!(retrying.inner.calls.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -355,6 +355,7 @@ impl<P: Processor> Engine<P> {
                 output: &mut self.output,
                 time: self.settings.event_time,
                 now,
+                shutdown: &self.shutdown,
             };
             while let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now) {
                 let origin = entry.origin();
@@ -500,6 +501,7 @@ impl<P: Processor> Engine<P> {
                 output: &mut self.output,
                 time: self.settings.event_time,
                 now,
+                shutdown: &self.shutdown,
             };
             for task in self.tasks.values_mut() {
                 task.tick(&mut env)?;
