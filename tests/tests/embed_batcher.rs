@@ -424,3 +424,60 @@ fn an_embedder_outage_longer_than_the_transaction_timeout_loses_nothing() {
     assert_same_rows_per_tenant(&rows, &expected, &service.log());
     assert!(requests.lock().unwrap().len() >= 10);
 }
+
+#[test]
+fn a_stop_during_an_embedder_outage_is_prompt_and_loses_nothing() {
+    let (down_port, down_requests) = fake_embeddings(0..usize::MAX);
+    let topics = topics(1);
+    let state = std::env::temp_dir().join(unique("state"));
+    let embedder = |port: u16| {
+        topics.args(&[
+            "--batch-size",
+            "2",
+            "--embedder",
+            "openai",
+            "--embedder-url",
+            &format!("http://127.0.0.1:{port}"),
+        ])
+    };
+    let edits = vec![
+        Edit::new("acme", "doc-1", T),
+        Edit::new("acme", "doc-2", T + 100),
+    ];
+    let mut lines = edits.clone();
+    lines.push(Edit::new("clock", "tick", T + 100_000));
+    produce_edits(&topics, &lines);
+    let first = Service::start_with_state("embed-batcher", &embedder(down_port), state.clone());
+    assert!(
+        eventually(Duration::from_secs(60), || down_requests
+            .lock()
+            .unwrap()
+            .len()
+            >= 3),
+        "the embedder is being retried:\n{}",
+        first.log()
+    );
+    let asked = std::time::Instant::now();
+    let log = first.log.clone();
+    let status = first.stop();
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "stopped in {:?}",
+        asked.elapsed()
+    );
+    assert!(
+        !status.success(),
+        "the batch was not sent, so the stop fails"
+    );
+    assert!(std::fs::read_to_string(log)
+        .unwrap()
+        .contains("stopping while the embedder fails"));
+    assert!(consume_all(&topics.output).is_empty());
+
+    let (up_port, _) = fake_embeddings(0..0);
+    let second = Service::start_with_state("embed-batcher", &embedder(up_port), state);
+    let output = wait_for_records(&topics.output, 2, Duration::from_secs(60));
+    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 2)).collect();
+    let expected: Vec<Value> = edits.iter().map(|e| row(e, T + 100)).collect();
+    assert_same_rows_per_tenant(&rows, &expected, &second.log());
+}

@@ -452,9 +452,16 @@ impl<P: Processor> PreparedStage for RunningStage<P> {
         let result = process_until_shutdown(&consumer, &shutdown);
         let closed = {
             let mut guard = consumer.context().engine.lock().unwrap();
-            match (&result, guard.as_mut()) {
-                (Ok(()), Some(engine)) => engine.close(&consumer),
-                _ => Ok(()),
+            match &result {
+                Ok(()) => guard.as_mut().map_or(Ok(()), |engine| engine.close(&consumer)),
+                // After a failure the tasks hold uncommitted, possibly half-done
+                // work: drop the engine unseen, so that leaving the group (whose
+                // revocation would commit) commits nothing. The next owner
+                // starts from the last commit.
+                Err(_) => {
+                    guard.take();
+                    Ok(())
+                }
             }
         };
         // Leaving the group serves the revocation callback, which must find the
