@@ -118,7 +118,7 @@ for guarantee in $GUARANTEES; do
     "streams_records_produced_total{topic=\"$RUN-shipped-$guarantee\"}" "$port" \
     --orders-topic "$RUN-orders" --shipments-topic "$RUN-shipments" --output-topic "$RUN-shipped-$guarantee" \
     --application-id "$RUN-joiner-$guarantee" --processing-guarantee "$guarantee"
-  for grouping in global customer_id; do
+  for grouping in global product_id customer_id; do
     port=$((port + 1))
     group_flag=(); [ "$grouping" = global ] || group_flag=(--group-by "$grouping")
     measure "window-aggregator ($grouping)/$guarantee" window-aggregator "$N" \

@@ -34,14 +34,16 @@ impl Output {
     }
 
     /// Encodes `value` and produces it with `key` (partitioned by murmur2 of
-    /// the key). The Kafka timestamp is the time of writing: event time lives
-    /// in the value, and an old event time as record timestamp would let
-    /// time-based retention delete fresh results.
+    /// the key). Records without a key all go to partition 0, so that a
+    /// keyless result stream (a global aggregate) keeps its order even in a
+    /// topic of several partitions. The Kafka timestamp is the time of
+    /// writing: event time lives in the value, and an old event time as
+    /// record timestamp would let time-based retention delete fresh results.
     pub fn emit<T: Serialize>(&mut self, key: Option<&str>, value: &T) -> anyhow::Result<()> {
         self.encoder.encode_into(value, &mut self.scratch)?;
         self.delivery.send(Outgoing {
             topic: &self.topic,
-            partition: None,
+            partition: key.is_none().then_some(0),
             key: key.map(str::as_bytes),
             payload: Some(&self.scratch),
             headers: None,
