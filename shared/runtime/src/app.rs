@@ -453,7 +453,9 @@ impl<P: Processor> PreparedStage for RunningStage<P> {
         let closed = {
             let mut guard = consumer.context().engine.lock().unwrap();
             match &result {
-                Ok(()) => guard.as_mut().map_or(Ok(()), |engine| engine.close(&consumer)),
+                Ok(()) => guard
+                    .as_mut()
+                    .map_or(Ok(()), |engine| engine.close(&consumer)),
                 // After a failure the tasks hold uncommitted, possibly half-done
                 // work: drop the engine unseen, so that leaving the group (whose
                 // revocation would commit) commits nothing. The next owner
