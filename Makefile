@@ -19,6 +19,7 @@ build: deps ## build every binary (debug)
 	$(CARGO) build --workspace --bins
 
 test: build up ## all tests: unit + end-to-end against the local stack (started if needed)
+	rm -rf "$${E2E_SCRATCH_DIR:-$${TMPDIR:-/tmp}/streams-e2e}"
 	$(CARGO) test --workspace --no-fail-fast
 
 test-unit: deps ## unit tests only (no stack needed)

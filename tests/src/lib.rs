@@ -126,7 +126,7 @@ pub fn create_topic(topic: &str, partitions: usize) {
 
 /// Writes JSON lines to a temporary file.
 pub fn write_jsonl(lines: &[Value]) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("lines")));
+    let path = scratch_dir().join(format!("{}.jsonl", unique("lines")));
     let mut file = std::fs::File::create(&path).unwrap();
     for line in lines {
         writeln!(file, "{line}").unwrap();
@@ -245,14 +245,13 @@ pub struct Service {
 impl Service {
     /// Starts `binary` with `args`, a fresh state directory and HTTP port.
     pub fn start(binary: &str, args: &[String]) -> Service {
-        let state_dir = std::env::temp_dir().join(unique("state"));
-        Self::start_with_state(binary, args, state_dir)
+        Self::start_with_state(binary, args, fresh_state_dir())
     }
 
     /// Starts `binary` with `args` on an existing state directory.
     pub fn start_with_state(binary: &str, args: &[String], state_dir: PathBuf) -> Service {
         let http_port = free_port();
-        let log = std::env::temp_dir().join(format!("{}.log", unique(binary)));
+        let log = scratch_dir().join(format!("{}.log", unique(binary)));
         let log_file = std::fs::File::create(&log).unwrap();
         let child = Command::new(bin(binary))
             .args(args)
@@ -415,6 +414,22 @@ pub fn murmur2_partition(key: &[u8], partitions: usize) -> usize {
     h = h.wrapping_mul(M);
     h ^= h >> 15;
     ((h & 0x7fff_ffff) as usize) % partitions
+}
+
+/// Where end-to-end tests keep their files — state directories, service
+/// logs, input files — so that one `rm -rf` removes them: `make test` empties
+/// it before a run and `.ci/run` after. `$TMPDIR/streams-e2e` by default.
+pub fn scratch_dir() -> PathBuf {
+    let dir = std::env::var_os("E2E_SCRATCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("streams-e2e"));
+    std::fs::create_dir_all(&dir).expect("create the e2e scratch directory");
+    dir
+}
+
+/// A path for a new state directory, in the scratch directory.
+pub fn fresh_state_dir() -> PathBuf {
+    scratch_dir().join(unique("state"))
 }
 
 /// Arguments as owned strings, for [`Service::start`].

@@ -429,7 +429,7 @@ fn an_embedder_outage_longer_than_the_transaction_timeout_loses_nothing() {
 fn a_stop_during_an_embedder_outage_is_prompt_and_loses_nothing() {
     let (down_port, down_requests) = fake_embeddings(0..usize::MAX);
     let topics = topics(1);
-    let state = std::env::temp_dir().join(unique("state"));
+    let state = fresh_state_dir();
     let embedder = |port: u16| {
         topics.args(&[
             "--batch-size",

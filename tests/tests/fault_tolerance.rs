@@ -1,7 +1,6 @@
 //! Crashes, restarts, lost state and scale-out, with a real service
 //! (sessionizer) on the real stack. Outputs are read with read_committed.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use e2e_tests::sessions::generate;
@@ -51,10 +50,6 @@ fn consumed(service: &Service, run: &Run) -> f64 {
         "streams_records_consumed_total{{topic=\"{}\"}}",
         run.input
     ))
-}
-
-fn fresh_state_dir() -> PathBuf {
-    std::env::temp_dir().join(unique("state"))
 }
 
 /// Waits until `service` has consumed at least `count` input records.

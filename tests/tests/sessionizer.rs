@@ -273,7 +273,7 @@ fn records_written_with_an_evolved_schema_are_read_into_the_service_schema() {
     let service = topics.start(&[]);
     produce(&topics.input, "user-events", &[event("kim", "LOGIN", T)]);
     // A producer upgraded its schema: a new optional field (a compatible change).
-    let evolved = std::env::temp_dir().join(format!("{}.avsc", unique("user-events-v2")));
+    let evolved = scratch_dir().join(format!("{}.avsc", unique("user-events-v2")));
     std::fs::write(
         &evolved,
         r#"{"type": "record", "name": "UserEvent", "namespace": "io.streams.sessions", "fields": [

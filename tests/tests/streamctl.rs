@@ -44,7 +44,7 @@ fn a_malformed_line_names_its_number_and_produces_nothing() {
     let topic = unique("user-events");
     create_topic(&topic, 1);
     let good = |i: i64| json!({"key": "u", "value": {"user_id": "u", "event_type": "VIEW", "event_time": i}});
-    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("malformed")));
+    let path = scratch_dir().join(format!("{}.jsonl", unique("malformed")));
     std::fs::write(
         &path,
         format!(
@@ -118,7 +118,7 @@ fn a_value_that_does_not_fit_the_schema_is_rejected_with_its_line() {
 fn an_incompatible_schema_change_is_rejected_readably() {
     let topic = unique("evolving");
     create_topic(&topic, 1);
-    let dir = std::env::temp_dir();
+    let dir = scratch_dir();
     let v1 = dir.join(format!("{}.avsc", unique("v1")));
     std::fs::write(
         &v1,

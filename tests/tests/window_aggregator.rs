@@ -168,7 +168,7 @@ fn a_crash_between_the_stages_loses_and_duplicates_nothing() {
     let expected = model(&orders, rules);
     let topics = topics(rules.partitions);
     let arguments = topics.args(&["--max-out-of-orderness", "100ms"]);
-    let state = std::env::temp_dir().join(unique("state"));
+    let state = fresh_state_dir();
     let first = Service::start_with_state("window-aggregator", &arguments, state.clone());
     produce(&topics.input, "orders-marketplace", &lines(&orders));
     assert!(
