@@ -1,28 +1,37 @@
 //! The interval join.
 //!
-//! Both sides are buffered per order id in RocksDB, each in a map keyed by
-//! the entry's event time (a list per time, since duplicates each join, as SQL
-//! multiset semantics require). A new record joins everything already buffered
-//! on the other side, so each matching pair is emitted exactly once, by
-//! whichever record arrives second.
+//! Both sides are buffered per order id in RocksDB, each side as one value:
+//! the key's records by event time (a list per time, since duplicates each
+//! join, as SQL multiset semantics require). An order id has few records, so
+//! a record costs a point read of the other side and a read and write of its
+//! own — no range scan. A new record joins everything already buffered on the
+//! other side, so each matching pair is emitted exactly once, by whichever
+//! record arrives second.
 //!
-//! State is dropped by timers once no on-time record can match it any more:
-//! an order when the watermark passes `order_ts + window`, a shipment when it
-//! passes `ship_ts` (a later order is on time only if `order_ts >= watermark`).
+//! Buffered records are dropped once no on-time record can match them any
+//! more: an order when the watermark passes `order_ts + window`, a shipment
+//! when it passes `ship_ts` (a later order is on time only if
+//! `order_ts >= watermark`). One `expiry` timer per order id, at the earliest
+//! such deadline, does it.
 
-use streams_runtime::{Context, InputStream, MapState, Processor, Record, Timer, Topology};
+use std::collections::BTreeMap;
+
+use streams_runtime::{Context, InputStream, Processor, Record, Timer, Topology, ValueState};
 
 use crate::model::{JoinInput, Order, Shipment, ShippedOrder};
 use crate::settings::Settings;
 use crate::timestamp::format_utc;
 
-/// Buffered orders per order id, by order time (ms).
-const ORDERS: MapState<i64, Vec<Order>> = MapState::new("orders");
-/// Buffered shipments per order id, by ship time (ms).
-const SHIPMENTS: MapState<i64, Vec<Shipment>> = MapState::new("shipments");
+/// One side's buffered records of an order id, by event time (ms).
+type Buffered<T> = BTreeMap<i64, Vec<T>>;
 
-const ORDER_EXPIRY: &str = "order-expiry";
-const SHIPMENT_EXPIRY: &str = "shipment-expiry";
+/// Buffered orders per order id.
+const ORDERS: ValueState<Buffered<Order>> = ValueState::new("orders");
+/// Buffered shipments per order id.
+const SHIPMENTS: ValueState<Buffered<Shipment>> = ValueState::new("shipments");
+
+/// The order id's one timer: the earliest time a buffered record expires.
+const EXPIRY: &str = "expiry";
 
 /// Builds the topology: orders direct, shipments re-keyed by order id.
 pub fn topology(settings: &Settings) -> anyhow::Result<Topology<JoinInput>> {
@@ -54,6 +63,28 @@ pub fn topology(settings: &Settings) -> anyhow::Result<Topology<JoinInput>> {
     .max_out_of_orderness(settings.grace))
 }
 
+/// Stores `buffered`, or removes it when empty.
+fn save<T: serde::Serialize>(
+    ctx: &mut Context<'_, ShippedOrder>,
+    state: &ValueState<Buffered<T>>,
+    key: &str,
+    buffered: &Buffered<T>,
+) -> anyhow::Result<()> {
+    if buffered.is_empty() {
+        ctx.delete(state, key);
+        Ok(())
+    } else {
+        ctx.put(state, key, buffered)
+    }
+}
+
+/// Moves `key`'s expiry timer to `at` if that is earlier.
+fn expire_by(ctx: &mut Context<'_, ShippedOrder>, key: &str, at: i64) {
+    if ctx.timer(key, EXPIRY).is_none_or(|current| at < current) {
+        ctx.set_timer(key, EXPIRY, at);
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct IntervalJoin {
     /// Join window in milliseconds.
@@ -80,6 +111,16 @@ impl IntervalJoin {
         }
     }
 
+    /// When an order buffered at `time` can no longer match.
+    fn order_expiry(&self, time: i64) -> i64 {
+        time.saturating_add(self.window).saturating_add(1)
+    }
+
+    /// When a shipment buffered at `time` can no longer match.
+    fn shipment_expiry(time: i64) -> i64 {
+        time.saturating_add(1)
+    }
+
     fn on_order(
         &self,
         ctx: &mut Context<'_, ShippedOrder>,
@@ -87,23 +128,16 @@ impl IntervalJoin {
         order: Order,
         time: i64,
     ) -> anyhow::Result<()> {
-        let low = time;
         let high = time.saturating_add(self.window);
-        for (ship_time, shipments) in ctx.map_entries(&SHIPMENTS, key)? {
-            if (low..=high).contains(&ship_time) {
-                for shipment in &shipments {
-                    ctx.emit(Some(key), &Self::joined(&order, shipment))?;
-                }
+        if let Some(shipments) = ctx.get(&SHIPMENTS, key)? {
+            for shipment in shipments.range(time..=high).flat_map(|(_, list)| list) {
+                ctx.emit(Some(key), &Self::joined(&order, shipment))?;
             }
         }
-        let mut buffered = ctx.map_get(&ORDERS, key, &time)?.unwrap_or_default();
-        buffered.push(order);
-        ctx.map_put(&ORDERS, key, &time, &buffered)?;
-        ctx.set_timer(
-            key,
-            &format!("{ORDER_EXPIRY}-{time}"),
-            high.saturating_add(1),
-        );
+        let mut orders = ctx.get(&ORDERS, key)?.unwrap_or_default();
+        orders.entry(time).or_default().push(order);
+        ctx.put(&ORDERS, key, &orders)?;
+        expire_by(ctx, key, self.order_expiry(time));
         Ok(())
     }
 
@@ -115,21 +149,15 @@ impl IntervalJoin {
         time: i64,
     ) -> anyhow::Result<()> {
         let low = time.saturating_sub(self.window);
-        for (order_time, orders) in ctx.map_entries(&ORDERS, key)? {
-            if (low..=time).contains(&order_time) {
-                for order in &orders {
-                    ctx.emit(Some(key), &Self::joined(order, &shipment))?;
-                }
+        if let Some(orders) = ctx.get(&ORDERS, key)? {
+            for order in orders.range(low..=time).flat_map(|(_, list)| list) {
+                ctx.emit(Some(key), &Self::joined(order, &shipment))?;
             }
         }
-        let mut buffered = ctx.map_get(&SHIPMENTS, key, &time)?.unwrap_or_default();
-        buffered.push(shipment);
-        ctx.map_put(&SHIPMENTS, key, &time, &buffered)?;
-        ctx.set_timer(
-            key,
-            &format!("{SHIPMENT_EXPIRY}-{time}"),
-            time.saturating_add(1),
-        );
+        let mut shipments = ctx.get(&SHIPMENTS, key)?.unwrap_or_default();
+        shipments.entry(time).or_default().push(shipment);
+        ctx.put(&SHIPMENTS, key, &shipments)?;
+        expire_by(ctx, key, Self::shipment_expiry(time));
         Ok(())
     }
 }
@@ -160,12 +188,32 @@ impl Processor for IntervalJoin {
         ctx: &mut Context<'_, ShippedOrder>,
         timer: Timer<'_>,
     ) -> anyhow::Result<()> {
-        if timer.name.starts_with(SHIPMENT_EXPIRY) {
-            ctx.map_remove(&SHIPMENTS, timer.key, &(timer.time - 1));
-            ctx.increment("shipments_expired");
-        } else {
-            ctx.map_remove(&ORDERS, timer.key, &(timer.time - 1 - self.window));
+        let watermark = ctx.watermark();
+        let mut next = None::<i64>;
+        let mut orders = ctx.get(&ORDERS, timer.key)?.unwrap_or_default();
+        while let Some(entry) = orders.first_entry() {
+            let expiry = self.order_expiry(*entry.key());
+            if expiry > watermark {
+                next = Some(expiry);
+                break;
+            }
+            entry.remove();
             ctx.increment("orders_expired");
+        }
+        save(ctx, &ORDERS, timer.key, &orders)?;
+        let mut shipments = ctx.get(&SHIPMENTS, timer.key)?.unwrap_or_default();
+        while let Some(entry) = shipments.first_entry() {
+            let expiry = Self::shipment_expiry(*entry.key());
+            if expiry > watermark {
+                next = Some(next.map_or(expiry, |n| n.min(expiry)));
+                break;
+            }
+            entry.remove();
+            ctx.increment("shipments_expired");
+        }
+        save(ctx, &SHIPMENTS, timer.key, &shipments)?;
+        if let Some(at) = next {
+            ctx.set_timer(timer.key, EXPIRY, at);
         }
         Ok(())
     }
