@@ -11,8 +11,8 @@
 //! Buffered records are dropped once no on-time record can match them any
 //! more: an order when the watermark passes `order_ts + window`, a shipment
 //! when it passes `ship_ts` (a later order is on time only if
-//! `order_ts >= watermark`). One `expiry` timer per order id, at the earliest
-//! such deadline, does it.
+//! `order_ts >= watermark`). One timer per order id and side, at the side's
+//! earliest such deadline, does it.
 
 use std::collections::BTreeMap;
 
@@ -30,8 +30,10 @@ const ORDERS: ValueState<Buffered<Order>> = ValueState::new("orders");
 /// Buffered shipments per order id.
 const SHIPMENTS: ValueState<Buffered<Shipment>> = ValueState::new("shipments");
 
-/// The order id's one timer: the earliest time a buffered record expires.
-const EXPIRY: &str = "expiry";
+/// Per order id, the earliest time a buffered order expires.
+const ORDER_EXPIRY: &str = "order-expiry";
+/// Per order id, the earliest time a buffered shipment expires.
+const SHIPMENT_EXPIRY: &str = "shipment-expiry";
 
 /// Builds the topology: orders direct, shipments re-keyed by order id.
 pub fn topology(settings: &Settings) -> anyhow::Result<Topology<JoinInput>> {
@@ -78,11 +80,36 @@ fn save<T: serde::Serialize>(
     }
 }
 
-/// Moves `key`'s expiry timer to `at` if that is earlier.
-fn expire_by(ctx: &mut Context<'_, ShippedOrder>, key: &str, at: i64) {
-    if ctx.timer(key, EXPIRY).is_none_or(|current| at < current) {
-        ctx.set_timer(key, EXPIRY, at);
+/// Moves `key`'s timer `name` to `at` if that is earlier.
+fn expire_by(ctx: &mut Context<'_, ShippedOrder>, key: &str, name: &str, at: i64) {
+    if ctx.timer(key, name).is_none_or(|current| at < current) {
+        ctx.set_timer(key, name, at);
     }
+}
+
+/// Drops `key`'s buffered records of one side whose `expiry` has passed the
+/// watermark, counting them as `counter`; re-arms timer `name` for the rest.
+fn expire<T: serde::Serialize + serde::de::DeserializeOwned>(
+    ctx: &mut Context<'_, ShippedOrder>,
+    state: &ValueState<Buffered<T>>,
+    key: &str,
+    (name, counter): (&str, &'static str),
+    expiry: impl Fn(i64) -> i64,
+) -> anyhow::Result<()> {
+    let Some(mut buffered) = ctx.get(state, key)? else {
+        return Ok(());
+    };
+    let watermark = ctx.watermark();
+    while let Some(entry) = buffered.first_entry() {
+        let at = expiry(*entry.key());
+        if at > watermark {
+            ctx.set_timer(key, name, at);
+            break;
+        }
+        entry.remove();
+        ctx.increment(counter);
+    }
+    save(ctx, state, key, &buffered)
 }
 
 #[derive(Debug, Clone)]
@@ -137,7 +164,7 @@ impl IntervalJoin {
         let mut orders = ctx.get(&ORDERS, key)?.unwrap_or_default();
         orders.entry(time).or_default().push(order);
         ctx.put(&ORDERS, key, &orders)?;
-        expire_by(ctx, key, self.order_expiry(time));
+        expire_by(ctx, key, ORDER_EXPIRY, self.order_expiry(time));
         Ok(())
     }
 
@@ -157,7 +184,7 @@ impl IntervalJoin {
         let mut shipments = ctx.get(&SHIPMENTS, key)?.unwrap_or_default();
         shipments.entry(time).or_default().push(shipment);
         ctx.put(&SHIPMENTS, key, &shipments)?;
-        expire_by(ctx, key, Self::shipment_expiry(time));
+        expire_by(ctx, key, SHIPMENT_EXPIRY, Self::shipment_expiry(time));
         Ok(())
     }
 }
@@ -188,33 +215,22 @@ impl Processor for IntervalJoin {
         ctx: &mut Context<'_, ShippedOrder>,
         timer: Timer<'_>,
     ) -> anyhow::Result<()> {
-        let watermark = ctx.watermark();
-        let mut next = None::<i64>;
-        let mut orders = ctx.get(&ORDERS, timer.key)?.unwrap_or_default();
-        while let Some(entry) = orders.first_entry() {
-            let expiry = self.order_expiry(*entry.key());
-            if expiry > watermark {
-                next = Some(expiry);
-                break;
-            }
-            entry.remove();
-            ctx.increment("orders_expired");
+        if timer.name == ORDER_EXPIRY {
+            expire(
+                ctx,
+                &ORDERS,
+                timer.key,
+                (ORDER_EXPIRY, "orders_expired"),
+                |time| self.order_expiry(time),
+            )
+        } else {
+            expire(
+                ctx,
+                &SHIPMENTS,
+                timer.key,
+                (SHIPMENT_EXPIRY, "shipments_expired"),
+                Self::shipment_expiry,
+            )
         }
-        save(ctx, &ORDERS, timer.key, &orders)?;
-        let mut shipments = ctx.get(&SHIPMENTS, timer.key)?.unwrap_or_default();
-        while let Some(entry) = shipments.first_entry() {
-            let expiry = Self::shipment_expiry(*entry.key());
-            if expiry > watermark {
-                next = Some(next.map_or(expiry, |n| n.min(expiry)));
-                break;
-            }
-            entry.remove();
-            ctx.increment("shipments_expired");
-        }
-        save(ctx, &SHIPMENTS, timer.key, &shipments)?;
-        if let Some(at) = next {
-            ctx.set_timer(timer.key, EXPIRY, at);
-        }
-        Ok(())
     }
 }
