@@ -187,12 +187,7 @@ fn save_progress(
     tenant: &str,
     progress: &Progress,
 ) -> anyhow::Result<()> {
-    if progress.pending == 0 {
-        ctx.delete(&PROGRESS, tenant);
-        Ok(())
-    } else {
-        ctx.put(&PROGRESS, tenant, progress)
-    }
+    ctx.put_or_delete(&PROGRESS, tenant, Some(progress).filter(|p| p.pending > 0))
 }
 
 impl Processor for EmbedBatcher {

@@ -65,21 +65,6 @@ pub fn topology(settings: &Settings) -> anyhow::Result<Topology<JoinInput>> {
     .max_out_of_orderness(settings.grace))
 }
 
-/// Stores `buffered`, or removes it when empty.
-fn save<T: serde::Serialize>(
-    ctx: &mut Context<'_, ShippedOrder>,
-    state: &ValueState<Buffered<T>>,
-    key: &str,
-    buffered: &Buffered<T>,
-) -> anyhow::Result<()> {
-    if buffered.is_empty() {
-        ctx.delete(state, key);
-        Ok(())
-    } else {
-        ctx.put(state, key, buffered)
-    }
-}
-
 /// Moves `key`'s timer `name` to `at` if that is earlier.
 fn expire_by(ctx: &mut Context<'_, ShippedOrder>, key: &str, name: &str, at: i64) {
     if ctx.timer(key, name).is_none_or(|current| at < current) {
@@ -109,7 +94,7 @@ fn expire<T: serde::Serialize + serde::de::DeserializeOwned>(
         entry.remove();
         ctx.increment(counter);
     }
-    save(ctx, state, key, &buffered)
+    ctx.put_or_delete(state, key, Some(&buffered).filter(|b| !b.is_empty()))
 }
 
 #[derive(Debug, Clone)]

@@ -82,11 +82,6 @@ impl OpenWindows {
             }
             closed(ctx, start, end, entry.remove())?;
         }
-        if windows.is_empty() {
-            ctx.delete(&OPEN_WINDOWS, key);
-            Ok(())
-        } else {
-            ctx.put(&OPEN_WINDOWS, key, &windows)
-        }
+        ctx.put_or_delete(&OPEN_WINDOWS, key, Some(&windows).filter(|w| !w.is_empty()))
     }
 }

@@ -190,6 +190,23 @@ impl<O: Serialize> Context<'_, O> {
         Ok(())
     }
 
+    /// Sets the value of `state` for `key` to `value`, or removes it when
+    /// `value` is `None` (an emptied collection, say: absent keys cost nothing).
+    pub fn put_or_delete<T: Serialize>(
+        &mut self,
+        state: &ValueState<T>,
+        key: &str,
+        value: Option<&T>,
+    ) -> anyhow::Result<()> {
+        match value {
+            Some(value) => self.put(state, key, value),
+            None => {
+                self.delete(state, key);
+                Ok(())
+            }
+        }
+    }
+
     /// Removes the value of `state` for `key`.
     pub fn delete<T>(&mut self, state: &ValueState<T>, key: &str) {
         let store = self.index(state.name);
