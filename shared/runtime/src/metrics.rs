@@ -2,7 +2,7 @@
 //! rendered in the Prometheus text format by the HTTP listener.
 //!
 //! The processing thread never takes a lock per record: it counts into plain
-//! fields and hands a copy to [`Metrics::publish`] once per commit interval.
+//! fields and hands a copy to [`StageMetrics::publish`] once per commit interval.
 //! Every metric name is listed here and in `docs/metrics.md`. Naming rules:
 //! `streams_<what>_<unit>` with `_total` for counters; labels are bounded
 //! (topic names, task ids, processor counter names), never record data.
