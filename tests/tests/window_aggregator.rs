@@ -198,3 +198,48 @@ fn an_advance_longer_than_the_window_is_refused_at_startup() {
     );
     assert!(!log.contains("panicked"), "{log}");
 }
+
+#[test]
+fn two_instances_share_the_partial_stage_and_one_runs_the_final_task() {
+    let rules = WindowRules {
+        size: 2_000,
+        advance: 1_000,
+        max_out_of_orderness: 100,
+        partitions: 4,
+        by_customer: false,
+    };
+    let orders = generate(5_000, 50, T, 100);
+    let expected = model(&orders, rules);
+    let topics = topics(rules.partitions);
+    let arguments = topics.args(&["--max-out-of-orderness", "100ms"]);
+    let first = Service::start("window-aggregator", &arguments);
+    let second = Service::start("window-aggregator", &arguments);
+    first.wait_ready(Duration::from_secs(60));
+    second.wait_ready(Duration::from_secs(60));
+    produce(&topics.input, "orders-marketplace", &lines(&orders));
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
+    assert_same_records(
+        &output,
+        &expected,
+        &format!("{}\n---\n{}", first.log(), second.log()),
+    );
+    // Partial tasks: four in all, on both instances; the final task: one.
+    let count = |service: &Service, final_stage: bool| {
+        service
+            .metrics()
+            .lines()
+            .filter(|line| line.starts_with("streams_timers_pending{task="))
+            .filter(|line| line.contains("stage=\"final\"") == final_stage)
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let partial = (count(&first, false), count(&second, false));
+            let last = count(&first, true) + count(&second, true);
+            partial.0 >= 1 && partial.1 >= 1 && partial.0 + partial.1 == 4 && last == 1
+        }),
+        "tasks spread over both instances:\n{}\n{}",
+        first.metrics(),
+        second.metrics()
+    );
+}
