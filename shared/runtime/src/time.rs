@@ -32,6 +32,9 @@ pub struct InputClock {
     pub clock: PartitionClock,
     /// Wall-clock time of the last record, for idle detection.
     last_activity: Instant,
+    /// Repartitioned inputs: when each upstream partition was last heard
+    /// from (created, or announced), for idle detection per upstream.
+    heard_from: Vec<Instant>,
 }
 
 impl InputClock {
@@ -42,16 +45,19 @@ impl InputClock {
                 max_event_time: None,
             },
             last_activity: Instant::now(),
+            heard_from: Vec::new(),
         }
     }
 
     /// A repartitioned input fed by `upstream_partitions` upstream tasks.
     pub fn repartitioned(upstream_partitions: usize) -> Self {
+        let now = Instant::now();
         InputClock {
             clock: PartitionClock::Repartitioned {
                 upstream: vec![None; upstream_partitions],
             },
-            last_activity: Instant::now(),
+            last_activity: now,
+            heard_from: vec![now; upstream_partitions],
         }
     }
 
@@ -66,11 +72,35 @@ impl InputClock {
     /// Notes a watermark announced by upstream task `source`.
     pub fn announce(&mut self, source: usize, watermark: i64, now: Instant) {
         self.last_activity = now;
+        if let Some(heard) = self.heard_from.get_mut(source) {
+            *heard = now;
+        }
         if let PartitionClock::Repartitioned { upstream } = &mut self.clock {
             if let Some(slot) = upstream.get_mut(source) {
                 *slot = Some(slot.map_or(watermark, |w| w.max(watermark)));
             }
         }
+    }
+
+    /// This partition's watermark when upstream partitions not heard from
+    /// for `idle_timeout` stop holding it back — unless none has been heard
+    /// from, when the whole input is idle and this is its plain watermark.
+    fn watermark_without_idle_upstreams(
+        &self,
+        max_out_of_orderness: i64,
+        idle_timeout: Duration,
+        now: Instant,
+    ) -> i64 {
+        let PartitionClock::Repartitioned { upstream } = &self.clock else {
+            return self.watermark(max_out_of_orderness);
+        };
+        upstream
+            .iter()
+            .zip(&self.heard_from)
+            .filter(|(_, heard)| now.saturating_duration_since(**heard) < idle_timeout)
+            .map(|(w, _)| w.unwrap_or(NO_WATERMARK))
+            .min()
+            .unwrap_or_else(|| self.watermark(max_out_of_orderness))
     }
 
     /// This partition's watermark, ignoring idleness.
@@ -111,7 +141,7 @@ pub fn task_watermark(
             .min();
     };
     if let [only] = inputs {
-        let base = only.watermark(max_out_of_orderness);
+        let base = only.watermark_without_idle_upstreams(max_out_of_orderness, idle_timeout, now);
         let quiet = only.quiet_for(now);
         if base != NO_WATERMARK && quiet >= idle_timeout {
             let elapsed = i64::try_from(quiet.as_millis()).unwrap_or(i64::MAX);
@@ -122,7 +152,7 @@ pub fn task_watermark(
     inputs
         .iter()
         .filter(|i| i.quiet_for(now) < idle_timeout)
-        .map(|i| i.watermark(max_out_of_orderness))
+        .map(|i| i.watermark_without_idle_upstreams(max_out_of_orderness, idle_timeout, now))
         .min()
 }
 
@@ -274,6 +304,26 @@ mod tests {
         assert_eq!(input.watermark(0), 300);
         input.announce(1, 100, now);
         assert_eq!(input.watermark(0), 300, "announcements never move back");
+    }
+
+    #[test]
+    fn an_upstream_partition_never_heard_from_stops_holding_back_after_the_idle_timeout() {
+        let start = Instant::now();
+        let mut input = InputClock::repartitioned(2);
+        let idle = Some(Duration::from_secs(2));
+        input.announce(0, 700, start + Duration::from_secs(1));
+        let waiting = task_watermark(&[input.clone()], 0, idle, start + Duration::from_secs(1));
+        assert_eq!(waiting, Some(NO_WATERMARK), "upstream 1 may still come");
+        input.announce(0, 900, start + Duration::from_secs(4));
+        let mut other = InputClock::direct();
+        other.observe(5_000, start + Duration::from_secs(4));
+        let later = start + Duration::from_secs(5);
+        assert_eq!(
+            task_watermark(&[input.clone(), other], 0, idle, later),
+            Some(900),
+            "upstream 1, silent since the start, no longer counts"
+        );
+        assert_eq!(task_watermark(&[input], 0, None, later), Some(NO_WATERMARK));
     }
 
     #[test]

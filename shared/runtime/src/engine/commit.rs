@@ -35,10 +35,11 @@ impl<P: Processor> Engine<P> {
                 continue;
             };
             let watermark = max.saturating_sub(self.settings.event_time.max_out_of_orderness);
-            if clock
+            let moved = clock
                 .announced
-                .is_some_and(|announced| announced >= watermark)
-            {
+                .is_none_or(|announced| announced < watermark);
+            let heartbeat = clock.active && self.settings.event_time.idle_timeout.is_some();
+            if !moved && !heartbeat {
                 continue;
             }
             let repartition = self.inputs[*slot]
@@ -58,6 +59,7 @@ impl<P: Processor> Engine<P> {
                 });
             }
             clock.announced = Some(watermark);
+            clock.active = false;
         }
         Ok(())
     }

@@ -102,6 +102,10 @@ pub(crate) struct RepartitionRuntime<I> {
 struct UpstreamClock {
     max_event_time: Option<i64>,
     announced: Option<i64>,
+    /// Whether records were forwarded since the last announcement: with an
+    /// idle timeout, an active upstream announces even an unchanged
+    /// watermark, so that downstream does not take it for idle.
+    active: bool,
 }
 
 /// Per-topic counts since startup.
@@ -434,6 +438,7 @@ impl<P: Processor> Engine<P> {
                 .max_event_time
                 .map_or(event_time, |m| m.max(event_time)),
         );
+        clock.active = true;
         Ok(())
     }
 
