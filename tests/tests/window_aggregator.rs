@@ -23,6 +23,59 @@ fn lines(orders: &[Order]) -> Vec<Value> {
 
 const T: i64 = 1_783_345_153_000;
 
+/// A run on generated orders: its topics, the orders, the rows a model of
+/// SPEC expects, and the service arguments that match `rules`.
+struct ModelRun {
+    topics: SingleInputRun,
+    orders: Vec<Order>,
+    expected: Vec<Value>,
+    arguments: Vec<String>,
+}
+
+/// `count` orders over `customers`, disordered within the rules' bound.
+fn model_run(rules: WindowRules, count: usize, customers: usize) -> ModelRun {
+    let orders = generate(count, customers, T, rules.max_out_of_orderness);
+    let expected = model(&orders, rules);
+    let topics = topics(rules.partitions);
+    let (size, advance, bound) = (
+        format!("{}ms", rules.size),
+        format!("{}ms", rules.advance),
+        format!("{}ms", rules.max_out_of_orderness),
+    );
+    let mut flags = vec![
+        "--window-size",
+        &size,
+        "--window-advance",
+        &advance,
+        "--max-out-of-orderness",
+        &bound,
+    ];
+    if rules.by_customer {
+        flags.extend(["--group-by", "customer_id"]);
+    }
+    let arguments = topics.args(&flags);
+    ModelRun {
+        topics,
+        orders,
+        expected,
+        arguments,
+    }
+}
+
+impl ModelRun {
+    fn produce(&self) {
+        produce(
+            &self.topics.input,
+            "orders-marketplace",
+            &lines(&self.orders),
+        );
+    }
+
+    fn start(&self) -> Service {
+        Service::start("window-aggregator", &self.arguments)
+    }
+}
+
 #[test]
 fn fixture_gives_the_expected_windows_in_order() {
     let topics = topics(1);
@@ -46,23 +99,18 @@ fn global_windows_over_four_partitions_match_a_model_of_the_spec() {
         partitions: 4,
         by_customer: false,
     };
-    let orders = generate(5_000, 50, T, 300);
-    let expected = model(&orders, rules);
-    let topics = topics(rules.partitions);
+    let run = model_run(rules, 5_000, 50);
     // An output topic of several partitions: keyless rows all go to partition
     // 0, so they stay in window order.
-    create_topic(&topics.output, 3);
-    let service = topics.start(&[
-        "--window-size",
-        "2s",
-        "--window-advance",
-        "500ms",
-        "--max-out-of-orderness",
-        "300ms",
-    ]);
-    produce(&topics.input, "orders-marketplace", &lines(&orders));
-    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
-    assert_same_records(&output, &expected, &service.log());
+    create_topic(&run.topics.output, 3);
+    let service = run.start();
+    run.produce();
+    let output = wait_for_records(
+        &run.topics.output,
+        run.expected.len(),
+        Duration::from_secs(120),
+    );
+    assert_same_records(&output, &run.expected, &service.log());
     let starts: Vec<i64> = output
         .iter()
         .map(|row| row["value"]["window_start"].as_i64().unwrap())
@@ -71,7 +119,10 @@ fn global_windows_over_four_partitions_match_a_model_of_the_spec() {
         starts.windows(2).all(|pair| pair[0] < pair[1]),
         "one final task emits windows in time order"
     );
-    let late_series = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);
+    let late_series = format!(
+        "streams_records_late_total{{topic=\"{}\"}}",
+        run.topics.input
+    );
     assert!(
         eventually(Duration::from_secs(20), || service.metric(&late_series)
             > 0.0),
@@ -90,22 +141,19 @@ fn grouped_by_customer_over_three_partitions_match_a_model_of_the_spec() {
         partitions: 3,
         by_customer: true,
     };
-    let orders = generate(4_000, 20, T, 200);
-    let expected = model(&orders, rules);
+    let run = model_run(rules, 4_000, 20);
     assert!(
-        expected.iter().any(|row| row["key"].is_null()),
+        run.expected.iter().any(|row| row["key"].is_null()),
         "the null customer is a group of its own"
     );
-    let topics = topics(rules.partitions);
-    let service = topics.start(&[
-        "--group-by",
-        "customer_id",
-        "--max-out-of-orderness",
-        "200ms",
-    ]);
-    produce(&topics.input, "orders-marketplace", &lines(&orders));
-    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
-    assert_same_records(&output, &expected, &service.log());
+    let service = run.start();
+    run.produce();
+    let output = wait_for_records(
+        &run.topics.output,
+        run.expected.len(),
+        Duration::from_secs(120),
+    );
+    assert_same_records(&output, &run.expected, &service.log());
 }
 
 /// An order whose key lands in `partition` of `partitions`.
@@ -164,24 +212,25 @@ fn a_crash_between_the_stages_loses_and_duplicates_nothing() {
         partitions: 2,
         by_customer: false,
     };
-    let orders = generate(20_000, 50, T, 100);
-    let expected = model(&orders, rules);
-    let topics = topics(rules.partitions);
-    let arguments = topics.args(&["--max-out-of-orderness", "100ms"]);
+    let run = model_run(rules, 20_000, 50);
     let state = fresh_state_dir();
-    let first = Service::start_with_state("window-aggregator", &arguments, state.clone());
-    produce(&topics.input, "orders-marketplace", &lines(&orders));
+    let first = Service::start_with_state("window-aggregator", &run.arguments, state.clone());
+    run.produce();
     assert!(
-        eventually(Duration::from_secs(60), || consume_all(&topics.output)
+        eventually(Duration::from_secs(60), || consume_all(&run.topics.output)
             .len()
             > 20),
         "some windows come out before the crash:\n{}",
         first.log()
     );
     first.kill();
-    let second = Service::start_with_state("window-aggregator", &arguments, state);
-    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(180));
-    assert_same_records(&output, &expected, &second.log());
+    let second = Service::start_with_state("window-aggregator", &run.arguments, state);
+    let output = wait_for_records(
+        &run.topics.output,
+        run.expected.len(),
+        Duration::from_secs(180),
+    );
+    assert_same_records(&output, &run.expected, &second.log());
 }
 
 #[test]
@@ -208,19 +257,20 @@ fn two_instances_share_the_partial_stage_and_one_runs_the_final_task() {
         partitions: 4,
         by_customer: false,
     };
-    let orders = generate(5_000, 50, T, 100);
-    let expected = model(&orders, rules);
-    let topics = topics(rules.partitions);
-    let arguments = topics.args(&["--max-out-of-orderness", "100ms"]);
-    let first = Service::start("window-aggregator", &arguments);
-    let second = Service::start("window-aggregator", &arguments);
+    let run = model_run(rules, 5_000, 50);
+    let first = run.start();
+    let second = run.start();
     first.wait_ready(Duration::from_secs(60));
     second.wait_ready(Duration::from_secs(60));
-    produce(&topics.input, "orders-marketplace", &lines(&orders));
-    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(120));
+    run.produce();
+    let output = wait_for_records(
+        &run.topics.output,
+        run.expected.len(),
+        Duration::from_secs(120),
+    );
     assert_same_records(
         &output,
-        &expected,
+        &run.expected,
         &format!("{}\n---\n{}", first.log(), second.log()),
     );
     // Partial tasks: four in all, on both instances; the final task: one.
