@@ -332,23 +332,39 @@ fn answer(stream: TcpStream, fail: bool) -> Option<(String, Value, Vec<String>)>
     Some((authorization, request["model"].clone(), inputs))
 }
 
-#[test]
-fn the_openai_embedder_is_retried_until_it_answers_and_nothing_is_lost() {
-    let (port, requests) = fake_embeddings(0..2);
-    let topics = topics(1);
+/// Arguments for batches of two through the OpenAI-compatible embedder at
+/// `port` (the fake server), then `extra`.
+fn openai_args(topics: &SingleInputRun, port: u16, extra: &[&str]) -> Vec<String> {
     let url = format!("http://127.0.0.1:{port}");
-    let service = topics.start(&[
+    let mut flags = vec![
         "--batch-size",
         "2",
         "--embedder",
         "openai",
         "--embedder-url",
         &url,
-        "--embedder-model",
-        "test-model",
-        "--embedder-api-key",
-        "sk-test",
-    ]);
+    ];
+    flags.extend(extra);
+    topics.args(&flags)
+}
+
+#[test]
+fn the_openai_embedder_is_retried_until_it_answers_and_nothing_is_lost() {
+    let (port, requests) = fake_embeddings(0..2);
+    let topics = topics(1);
+    let service = Service::start(
+        "embed-batcher",
+        &openai_args(
+            &topics,
+            port,
+            &[
+                "--embedder-model",
+                "test-model",
+                "--embedder-api-key",
+                "sk-test",
+            ],
+        ),
+    );
     let edits: Vec<Edit> = (1..=5)
         .map(|k| Edit::new("acme", &format!("doc-{k}"), T + 100 * (k - 1)))
         .collect();
@@ -393,15 +409,7 @@ fn an_embedder_outage_longer_than_the_transaction_timeout_loses_nothing() {
     // batch then fails for 25 s of backoff, beyond the 10 s transaction timeout.
     let (port, requests) = fake_embeddings(1..9);
     let topics = topics(1);
-    let url = format!("http://127.0.0.1:{port}");
-    let service = topics.start(&[
-        "--batch-size",
-        "2",
-        "--embedder",
-        "openai",
-        "--embedder-url",
-        &url,
-    ]);
+    let service = Service::start("embed-batcher", &openai_args(&topics, port, &[]));
     let edits = vec![
         Edit::new("acme", "doc-1", T),
         Edit::new("acme", "doc-2", T + 100),
@@ -430,16 +438,7 @@ fn a_stop_during_an_embedder_outage_is_prompt_and_loses_nothing() {
     let (down_port, down_requests) = fake_embeddings(0..usize::MAX);
     let topics = topics(1);
     let state = fresh_state_dir();
-    let embedder = |port: u16| {
-        topics.args(&[
-            "--batch-size",
-            "2",
-            "--embedder",
-            "openai",
-            "--embedder-url",
-            &format!("http://127.0.0.1:{port}"),
-        ])
-    };
+    let embedder = |port: u16| openai_args(&topics, port, &[]);
     let edits = vec![
         Edit::new("acme", "doc-1", T),
         Edit::new("acme", "doc-2", T + 100),
