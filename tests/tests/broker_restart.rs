@@ -49,8 +49,8 @@ fn a_broker_restart_mid_run_leaves_the_output_exact() {
     let metrics = service.metrics();
     assert!(
         metric_value(&metrics, &series) >= lines.len() as f64,
-        "metrics: {metrics:?}; healthz: {:?}; port {}",
+        "metrics: {metrics:?}; healthz: {:?}; log:\n{}",
         http_get(service.http_port, "/healthz"),
-        service.http_port
+        service.log()
     );
 }

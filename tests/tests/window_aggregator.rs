@@ -156,6 +156,39 @@ fn grouped_by_customer_over_three_partitions_match_a_model_of_the_spec() {
     assert_same_records(&output, &run.expected, &service.log());
 }
 
+#[test]
+fn grouped_windows_come_out_in_end_order_across_groups() {
+    // Windows three advances long: a group that falls behind another has
+    // several windows ending by the time the other's first one ends.
+    let rules = WindowRules {
+        size: 3_000,
+        advance: 1_000,
+        max_out_of_orderness: 0,
+        partitions: 1,
+        by_customer: true,
+    };
+    let run = model_run(rules, 3_000, 20);
+    // All orders are there before the service starts, so the final stage
+    // sees the watermark jump over many windows of every group at once.
+    run.produce();
+    let service = run.start();
+    let output = wait_for_records(
+        &run.topics.output,
+        run.expected.len(),
+        Duration::from_secs(120),
+    );
+    assert_same_records(&output, &run.expected, &service.log());
+    let ends: Vec<i64> = output
+        .iter()
+        .map(|row| row["value"]["window_end"].as_i64().unwrap())
+        .collect();
+    let disorder = ends.windows(2).position(|pair| pair[0] > pair[1]);
+    assert_eq!(
+        disorder, None,
+        "one task's timers fire in time order, whatever the group"
+    );
+}
+
 /// An order whose key lands in `partition` of `partitions`.
 fn order_in_partition(partition: usize, partitions: usize, time: i64, index: &mut usize) -> Order {
     loop {

@@ -3,8 +3,8 @@
 //! Both stages keep, per key, the open windows' accumulators by window start
 //! and a single `flush` timer at the end of the earliest open window. Windows
 //! all have the same size, so ends come in start order: when the timer
-//! fires, every window that ended by the watermark is handed out in start
-//! order and the timer moves to the next end. One timer per key, rather than
+//! fires, the windows ending at its time are handed out and the timer moves
+//! to the next end. One timer per key, rather than
 //! per window, keeps the timer queue as small as the number of active keys.
 //!
 //! A key has few windows open at once (about size / advance, plus what the
@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use streams_runtime::{Context, ValueState};
+use streams_runtime::{Context, Timer, ValueState};
 
 use crate::accumulator::Accumulator;
 
@@ -60,23 +60,29 @@ impl OpenWindows {
         Ok(())
     }
 
-    /// Removes every window of `key` that ended by the watermark and hands it
-    /// to `closed` (start, end, aggregate), earliest first; then sets the
-    /// flush timer to the next open window's end.
+    /// Removes every window of the timer's key that ends by the timer's time
+    /// and hands it to `closed` (start, end, aggregate), earliest first; then
+    /// sets the flush timer to the next open window's end.
+    ///
+    /// Windows ending later wait for their own firing even when the watermark
+    /// has already passed them: the runtime fires the re-set timer within the
+    /// same watermark advance, after every other key's earlier timers, so
+    /// closed windows come out in end order across keys (SPEC: timers of one
+    /// task fire in time order), not key by key.
     pub fn flush<O: Serialize>(
         &self,
         ctx: &mut Context<'_, O>,
-        key: &str,
+        timer: &Timer<'_>,
         mut closed: impl FnMut(&mut Context<'_, O>, i64, i64, Accumulator) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
+        let key = timer.key;
         let Some(mut windows) = ctx.get(&OPEN_WINDOWS, key)? else {
             return Ok(());
         };
-        let watermark = ctx.watermark();
         while let Some(entry) = windows.first_entry() {
             let start = *entry.key();
             let end = start + self.size;
-            if end > watermark {
+            if end > timer.time {
                 ctx.set_timer(key, FLUSH_TIMER, end);
                 break;
             }

@@ -118,11 +118,10 @@ impl Processor for PartialAggregator {
         timer: Timer<'_>,
     ) -> anyhow::Result<()> {
         let group = group_of_key(timer.key);
-        self.windows
-            .flush(ctx, timer.key, |ctx, start, end, window| {
-                let partial = window.to_partial(start, end, group.map(str::to_string));
-                ctx.emit(Some(timer.key), &partial)
-            })
+        self.windows.flush(ctx, &timer, |ctx, start, end, window| {
+            let partial = window.to_partial(start, end, group.map(str::to_string));
+            ctx.emit(Some(timer.key), &partial)
+        })
     }
 
     /// Late when every window containing the order has ended by the watermark.
@@ -161,12 +160,11 @@ impl Processor for FinalAggregator {
         timer: Timer<'_>,
     ) -> anyhow::Result<()> {
         let group = group_of_key(timer.key);
-        self.windows
-            .flush(ctx, timer.key, |ctx, start, end, window| {
-                ctx.emit(
-                    group,
-                    &window.to_result(start, end, group.map(str::to_string)),
-                )
-            })
+        self.windows.flush(ctx, &timer, |ctx, start, end, window| {
+            ctx.emit(
+                group,
+                &window.to_result(start, end, group.map(str::to_string)),
+            )
+        })
     }
 }

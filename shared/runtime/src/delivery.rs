@@ -16,6 +16,12 @@ use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 
+/// How long aborting a transaction may take before the producer is replaced.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pause between two attempts to abort a transaction.
+const ABORT_PAUSE: Duration = Duration::from_millis(500);
+
 /// Tag for records whose delivery offset nobody needs.
 pub const UNTRACKED: usize = 0;
 
@@ -330,17 +336,22 @@ impl Delivery {
         self.producer.context().failure.lock().unwrap().take();
     }
 
-    /// Aborts the open transaction, retrying while the broker is unreachable
-    /// (for up to ten attempts of `timeout` each).
+    /// Aborts the open transaction, retrying while the broker is unreachable,
+    /// for [`ABORT_TIMEOUT`] in all. librdkafka can stay stuck in an abort after a
+    /// broker restart ("retry call to resume" for minutes); giving up marks
+    /// the producer for replacement, and the new one's `init_transactions`
+    /// has the broker abort the transaction instead.
     fn abort_transaction(&self) -> Result<(), CommitError> {
-        let mut attempts = 0;
+        let deadline = Instant::now() + ABORT_TIMEOUT;
         loop {
-            match self.producer.abort_transaction(self.timeout) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.producer.abort_transaction(left) {
                 Ok(()) => return Ok(()),
-                Err(KafkaError::Transaction(error)) if error.is_retriable() && attempts < 10 => {
-                    attempts += 1;
-                    tracing::warn!(%error, attempts, "retrying the transaction abort");
-                    std::thread::sleep(Duration::from_millis(500));
+                Err(KafkaError::Transaction(error))
+                    if error.is_retriable() && Instant::now() + ABORT_PAUSE < deadline =>
+                {
+                    tracing::warn!(%error, "retrying the transaction abort");
+                    std::thread::sleep(ABORT_PAUSE);
                 }
                 Err(error) => return Err(classify(error)),
             }

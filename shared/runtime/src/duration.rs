@@ -37,6 +37,8 @@ impl FromStr for HumanDuration {
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(text.len());
         let (number, unit) = text.split_at(split);
+        // SPEC writes durations as "30 s": a space before the unit is fine.
+        let unit = unit.trim_start();
         let amount: u64 = number.parse().map_err(|_| {
             format!("invalid duration '{text}': expected a whole number followed by ms, s, m, h or d (e.g. 30s)")
         })?;
@@ -104,6 +106,10 @@ mod tests {
             604_800_000
         );
         assert_eq!("0".parse::<HumanDuration>().unwrap().as_millis_i64(), 0);
+        assert_eq!(
+            "30 s".parse::<HumanDuration>().unwrap().as_millis_i64(),
+            30_000
+        );
     }
 
     #[test]
