@@ -405,11 +405,38 @@ fn the_openai_embedder_is_retried_until_it_answers_and_nothing_is_lost() {
 /// replaced, and the task rolls back to its last commit.
 #[test]
 fn an_embedder_outage_longer_than_the_transaction_timeout_loses_nothing() {
-    // Request 0 (acme's batch) succeeds and its rows open a transaction; beta's
-    // batch then fails for 25 s of backoff, beyond the 10 s transaction timeout.
+    assert_an_outage_loses_nothing(&[]);
+}
+
+/// While the engine thread waits for the embedder it does not poll: past
+/// `max.poll.interval.ms` librdkafka leaves the group. The instance must
+/// rejoin, get its task back and finish the batch, with nothing lost or
+/// repeated. (7 s instead of the default 5 minutes, to keep the test short;
+/// a transaction timeout longer than the outage, so that only the group is
+/// left behind.)
+#[test]
+fn an_embedder_outage_longer_than_the_poll_interval_loses_nothing() {
+    let log = assert_an_outage_loses_nothing(&[
+        "--kafka",
+        "session.timeout.ms=6000",
+        "--kafka",
+        "max.poll.interval.ms=7000",
+        "--kafka",
+        "transaction.timeout.ms=60000",
+    ]);
+    assert!(
+        log.contains("max.poll.interval.ms"),
+        "the instance was to exceed the poll interval:\n{log}"
+    );
+}
+
+/// Request 0 (acme's batch) succeeds and its rows open a transaction; beta's
+/// batch then fails for 25 s of backoff. The output must still be exact.
+/// Returns the service's log.
+fn assert_an_outage_loses_nothing(extra: &[&str]) -> String {
     let (port, requests) = fake_embeddings(1..9);
     let topics = topics(1);
-    let service = Service::start("embed-batcher", &openai_args(&topics, port, &[]));
+    let service = Service::start("embed-batcher", &openai_args(&topics, port, extra));
     let edits = vec![
         Edit::new("acme", "doc-1", T),
         Edit::new("acme", "doc-2", T + 100),
@@ -431,6 +458,7 @@ fn an_embedder_outage_longer_than_the_transaction_timeout_loses_nothing() {
     // rolled-back batches were embedded again.
     assert_same_rows_per_tenant(&rows, &expected, &service.log());
     assert!(requests.lock().unwrap().len() >= 10);
+    service.log()
 }
 
 #[test]
