@@ -281,13 +281,11 @@ impl<O: Serialize> Context<'_, O> {
         if let Some(previous) = self.timers.set(key, name, time) {
             self.store.delete(self.timer_store, previous.store_key());
         }
-        let entry = TimerEntry {
-            time,
-            key: key.to_string(),
-            name: name.to_string(),
-        };
-        self.store
-            .put(self.timer_store, entry.store_key(), Vec::new());
+        self.store.put(
+            self.timer_store,
+            TimerEntry::store_key_of(time, key, name),
+            Vec::new(),
+        );
     }
 
     /// Clears the timer `name` of `key`, if set.

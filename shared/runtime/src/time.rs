@@ -167,11 +167,17 @@ pub struct TimerEntry {
 impl TimerEntry {
     /// The state-store key of this timer: time first, so a scan is time-ordered.
     pub fn store_key(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 + 4 + self.key.len() + self.name.len());
-        out.extend_from_slice(&i64_to_ordered_bytes(self.time));
-        out.extend_from_slice(&(self.key.len() as u32).to_be_bytes());
-        out.extend_from_slice(self.key.as_bytes());
-        out.extend_from_slice(self.name.as_bytes());
+        Self::store_key_of(self.time, &self.key, &self.name)
+    }
+
+    /// The state-store key of timer `name` of `key` at `time`, without
+    /// building the entry.
+    pub fn store_key_of(time: i64, key: &str, name: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 4 + key.len() + name.len());
+        out.extend_from_slice(&i64_to_ordered_bytes(time));
+        out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(name.as_bytes());
         out
     }
 
@@ -202,10 +208,13 @@ pub struct TimerQueue {
 impl TimerQueue {
     /// Adds a timer loaded from the store (replacing none).
     pub fn load(&mut self, entry: TimerEntry) {
-        self.by_key
-            .entry(entry.key.clone())
-            .or_default()
-            .push((entry.name.clone(), entry.time));
+        let named = (entry.name.clone(), entry.time);
+        match self.by_key.get_mut(entry.key.as_str()) {
+            Some(timers) => timers.push(named),
+            None => {
+                self.by_key.insert(entry.key.clone(), vec![named]);
+            }
+        }
         self.by_time.insert(entry);
     }
 

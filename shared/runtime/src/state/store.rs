@@ -73,36 +73,52 @@ type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 /// Committed values read or written recently, per store: two generations of
 /// hash maps give an approximate LRU with O(1) operations and no per-entry
-/// bookkeeping — a key not touched for two generations falls out.
-#[derive(Default)]
+/// bookkeeping — a key not touched for two generations falls out. Maps are
+/// keyed by the key bytes alone (one map per store), so a lookup borrows the
+/// key instead of allocating a copy, and a retired generation's map is
+/// cleared and reused rather than grown again from empty.
 struct ReadCache {
-    recent: FxHashMap<(StoreIndex, Vec<u8>), Option<Vec<u8>>>,
-    older: FxHashMap<(StoreIndex, Vec<u8>), Option<Vec<u8>>>,
+    recent: Vec<FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
+    older: Vec<FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
+    /// Entries in `recent`, over all stores.
+    recent_len: usize,
 }
 
 /// Entries per cache generation (per task).
 const CACHE_GENERATION: usize = 32_768;
 
 impl ReadCache {
-    fn get(&mut self, store: StoreIndex, key: &[u8]) -> Option<&Option<Vec<u8>>> {
-        let lookup = (store, key.to_vec());
-        if !self.recent.contains_key(&lookup) {
-            let value = self.older.remove(&lookup)?;
-            self.insert(lookup.0, lookup.1.clone(), value);
+    fn new(stores: usize) -> Self {
+        ReadCache {
+            recent: vec![FxHashMap::default(); stores],
+            older: vec![FxHashMap::default(); stores],
+            recent_len: 0,
         }
-        self.recent.get(&lookup)
+    }
+
+    fn get(&mut self, store: StoreIndex, key: &[u8]) -> Option<&Option<Vec<u8>>> {
+        if !self.recent[store].contains_key(key) {
+            let (key, value) = self.older[store].remove_entry(key)?;
+            self.insert(store, key, value);
+        }
+        self.recent[store].get(key)
     }
 
     fn insert(&mut self, store: StoreIndex, key: Vec<u8>, value: Option<Vec<u8>>) {
-        if self.recent.len() >= CACHE_GENERATION {
-            self.older = std::mem::take(&mut self.recent);
+        if self.recent_len >= CACHE_GENERATION {
+            std::mem::swap(&mut self.recent, &mut self.older);
+            self.recent.iter_mut().for_each(FxHashMap::clear);
+            self.recent_len = 0;
         }
-        self.recent.insert((store, key), value);
+        if self.recent[store].insert(key, value).is_none() {
+            self.recent_len += 1;
+        }
     }
 
     fn clear(&mut self) {
-        self.recent.clear();
-        self.older.clear();
+        self.recent.iter_mut().for_each(FxHashMap::clear);
+        self.older.iter_mut().for_each(FxHashMap::clear);
+        self.recent_len = 0;
     }
 }
 
@@ -137,7 +153,7 @@ impl TaskStore {
             path: path.to_path_buf(),
             names: names.to_vec(),
             overlay: vec![Overlay::new(); names.len()],
-            cache: ReadCache::default(),
+            cache: ReadCache::new(names.len()),
         })
     }
 
@@ -415,7 +431,7 @@ mod tests {
 
     #[test]
     fn the_read_cache_keeps_recent_keys_and_forgets_old_ones() {
-        let mut cache = ReadCache::default();
+        let mut cache = ReadCache::new(2);
         cache.insert(0, b"hot".to_vec(), Some(b"1".to_vec()));
         for i in 0..CACHE_GENERATION {
             cache.insert(0, i.to_be_bytes().to_vec(), None);
