@@ -237,6 +237,37 @@ fn the_final_stage_waits_for_the_slowest_partition() {
 }
 
 #[test]
+fn with_an_idle_timeout_a_partition_without_data_stops_holding_windows_open() {
+    let rules = WindowRules {
+        size: 2_000,
+        advance: 1_000,
+        max_out_of_orderness: 0,
+        partitions: 1,
+        by_customer: false,
+    };
+    // Only orders of partition 0 of 2: partition 1 never receives anything.
+    let orders: Vec<Order> = generate(2_000, 20, T, 0)
+        .into_iter()
+        .filter(|order| murmur2_partition(order.order_id.as_bytes(), 2) == 0)
+        .collect();
+    // What SPEC expects of partition 0 alone once it is idle too: its
+    // watermark moves on with wall-clock time and closes every window, as
+    // an order far ahead would.
+    let mut closing = orders.clone();
+    closing.push(Order {
+        order_time: T + 3_600_000,
+        ..orders[0].clone()
+    });
+    let expected = model(&closing, rules);
+    assert!(!expected.is_empty());
+    let topics = topics(2);
+    let service = topics.start(&["--idle-timeout", "2s"]);
+    produce(&topics.input, "orders-marketplace", &lines(&orders));
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(60));
+    assert_same_records(&output, &expected, &service.log());
+}
+
+#[test]
 fn a_crash_between_the_stages_loses_and_duplicates_nothing() {
     let rules = WindowRules {
         size: 2_000,

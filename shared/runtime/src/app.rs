@@ -28,6 +28,7 @@ use crate::processor::Processor;
 use crate::restore::Restorer;
 use crate::state::store::StateResources;
 use crate::task::{EventTimeSettings, InputKind};
+use crate::time::Idleness;
 use crate::topics::Admin;
 use crate::topology::{InputStream, Sink, Source, Topology};
 
@@ -302,11 +303,15 @@ impl<P: Processor> StageSpec for Stage<P> {
         // Late records and idle inputs concern the service's input topics,
         // which only the first stage reads. A later stage's clock follows the
         // watermarks announced on its links (which already move with idleness
-        // upstream); letting it advance on its own would close windows before
-        // the earlier stage's results arrive.
+        // upstream), except that an upstream task never heard from (its input
+        // partition received nothing) stops holding it back.
         let first_stage = name.is_none();
         let late_topic = args.late_topic.clone().filter(|_| first_stage);
-        let idle_timeout = args.idle_timeout.filter(|_| first_stage);
+        let idleness = match args.idle_timeout.map(|d| d.as_std()) {
+            None => Idleness::Off,
+            Some(timeout) if first_stage => Idleness::Inputs(timeout),
+            Some(timeout) => Idleness::Upstreams(timeout),
+        };
         let state_dir = args.state_dir.join(&application_id);
         std::fs::create_dir_all(&state_dir).map_err(|e| {
             anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())
@@ -390,7 +395,7 @@ impl<P: Processor> StageSpec for Stage<P> {
             commit_interval: args.commit_interval.as_std(),
             event_time: EventTimeSettings {
                 max_out_of_orderness: topology.max_out_of_orderness,
-                idle_timeout: idle_timeout.map(|d| d.as_std()),
+                idleness,
             },
             max_task_idle: args.max_task_idle.as_std(),
             late_topic,

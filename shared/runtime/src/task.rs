@@ -15,7 +15,7 @@ use crate::output::Output;
 use crate::processor::{Context, Processor, Record, Timer};
 use crate::state::store::{StoreIndex, TaskStore};
 use crate::time::{
-    task_watermark, InputClock, PartitionClock, TimerEntry, TimerQueue, NO_WATERMARK,
+    task_watermark, Idleness, InputClock, PartitionClock, TimerEntry, TimerQueue, NO_WATERMARK,
 };
 use crate::topology::{TIMER_STORE, WATERMARK_STORE};
 
@@ -32,7 +32,7 @@ pub(crate) enum InputKind {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EventTimeSettings {
     pub max_out_of_orderness: i64,
-    pub idle_timeout: Option<Duration>,
+    pub idleness: Idleness,
 }
 
 /// What the task borrows from the engine to run processor code.
@@ -326,7 +326,7 @@ impl<P: Processor> Task<P> {
 
     /// Lets wall-clock idleness move the watermark (only with an idle timeout).
     pub fn tick(&mut self, env: &mut TaskEnv<'_>) -> anyhow::Result<()> {
-        if env.time.idle_timeout.is_some() {
+        if env.time.idleness.is_on() {
             self.advance(env)?;
         }
         Ok(())
@@ -358,7 +358,7 @@ impl<P: Processor> Task<P> {
         let candidate = task_watermark(
             &self.clocks,
             env.time.max_out_of_orderness,
-            env.time.idle_timeout,
+            env.time.idleness,
             now,
         )
         .unwrap_or(NO_WATERMARK);

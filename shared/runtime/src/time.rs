@@ -123,22 +123,54 @@ impl InputClock {
     }
 }
 
-/// Computes a task's watermark from its input partitions.
-///
-/// With an idle timeout, a partition quiet for longer stops holding the
-/// watermark back; when it is the task's only input, its watermark moves on with
-/// the wall-clock time elapsed since its last record.
+/// How a task treats inputs that have delivered nothing for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idleness {
+    /// Quiet inputs hold the watermark back: results are deterministic.
+    Off,
+    /// SPEC's idle timeout, for tasks reading the service's input topics: a
+    /// partition quiet for this long stops holding the watermark back, and a
+    /// task's only input moves on with the wall-clock time since its last
+    /// record.
+    Inputs(Duration),
+    /// For a later stage: only upstream tasks of a link not heard from for
+    /// this long (one whose input never received anything, say) stop holding
+    /// the watermark back. The stage never moves on by wall clock: its
+    /// upstream tasks already do when idle, and a stalled earlier stage must
+    /// not have its windows closed before its results arrive.
+    Upstreams(Duration),
+}
+
+impl Idleness {
+    /// Whether quiet inputs or upstreams can stop holding a watermark back.
+    pub fn is_on(self) -> bool {
+        self != Idleness::Off
+    }
+}
+
+/// Computes a task's watermark from its input partitions (see [`Idleness`]).
 pub fn task_watermark(
     inputs: &[InputClock],
     max_out_of_orderness: i64,
-    idle_timeout: Option<Duration>,
+    idleness: Idleness,
     now: Instant,
 ) -> Option<i64> {
-    let Some(idle_timeout) = idle_timeout else {
-        return inputs
-            .iter()
-            .map(|i| i.watermark(max_out_of_orderness))
-            .min();
+    let idle_timeout = match idleness {
+        Idleness::Off => {
+            return inputs
+                .iter()
+                .map(|i| i.watermark(max_out_of_orderness))
+                .min()
+        }
+        Idleness::Upstreams(idle_timeout) => {
+            return inputs
+                .iter()
+                .map(|i| {
+                    i.watermark_without_idle_upstreams(max_out_of_orderness, idle_timeout, now)
+                })
+                .min()
+        }
+        Idleness::Inputs(idle_timeout) => idle_timeout,
     };
     if let [only] = inputs {
         let base = only.watermark_without_idle_upstreams(max_out_of_orderness, idle_timeout, now);
@@ -292,13 +324,13 @@ mod tests {
         let b = InputClock::direct();
         a.observe(10_000, now);
         assert_eq!(
-            task_watermark(&[a.clone(), b.clone()], 0, None, now),
+            task_watermark(&[a.clone(), b.clone()], 0, Idleness::Off, now),
             Some(NO_WATERMARK)
         );
         let mut b = b;
         b.observe(4_000, now);
         assert_eq!(
-            task_watermark(&[a.clone(), b.clone()], 1_000, None, now),
+            task_watermark(&[a.clone(), b.clone()], 1_000, Idleness::Off, now),
             Some(3_000)
         );
     }
@@ -319,7 +351,7 @@ mod tests {
     fn an_upstream_partition_never_heard_from_stops_holding_back_after_the_idle_timeout() {
         let start = Instant::now();
         let mut input = InputClock::repartitioned(2);
-        let idle = Some(Duration::from_secs(2));
+        let idle = Idleness::Inputs(Duration::from_secs(2));
         input.announce(0, 700, start + Duration::from_secs(1));
         let waiting = task_watermark(&[input.clone()], 0, idle, start + Duration::from_secs(1));
         assert_eq!(waiting, Some(NO_WATERMARK), "upstream 1 may still come");
@@ -332,7 +364,35 @@ mod tests {
             Some(900),
             "upstream 1, silent since the start, no longer counts"
         );
-        assert_eq!(task_watermark(&[input], 0, None, later), Some(NO_WATERMARK));
+        assert_eq!(
+            task_watermark(&[input], 0, Idleness::Off, later),
+            Some(NO_WATERMARK)
+        );
+    }
+
+    #[test]
+    fn a_later_stage_drops_silent_upstreams_but_never_follows_wall_clock() {
+        let start = Instant::now();
+        let mut link = InputClock::repartitioned(2);
+        let idle = Idleness::Upstreams(Duration::from_secs(2));
+        link.announce(0, 700, start);
+        assert_eq!(
+            task_watermark(&[link.clone()], 0, idle, start + Duration::from_secs(1)),
+            Some(NO_WATERMARK),
+            "upstream 1 may still come"
+        );
+        let later = start + Duration::from_secs(60);
+        link.announce(0, 900, later);
+        assert_eq!(
+            task_watermark(&[link.clone()], 0, idle, later),
+            Some(900),
+            "upstream 1, silent since the start, no longer counts"
+        );
+        let quiet = task_watermark(&[link], 0, idle, later + Duration::from_secs(60));
+        assert!(
+            quiet.is_some_and(|w| w <= 900),
+            "a quiet link does not move on by itself: {quiet:?}"
+        );
     }
 
     #[test]
@@ -341,11 +401,17 @@ mod tests {
         let mut input = InputClock::direct();
         input.observe(1_000, start);
         let later = start + Duration::from_secs(5);
-        let wm = task_watermark(&[input.clone()], 0, Some(Duration::from_secs(2)), later).unwrap();
+        let wm = task_watermark(
+            &[input.clone()],
+            0,
+            Idleness::Inputs(Duration::from_secs(2)),
+            later,
+        )
+        .unwrap();
         assert_eq!(wm, 6_000);
         let soon = start + Duration::from_secs(1);
         assert_eq!(
-            task_watermark(&[input], 0, Some(Duration::from_secs(2)), soon),
+            task_watermark(&[input], 0, Idleness::Inputs(Duration::from_secs(2)), soon),
             Some(1_000)
         );
     }
@@ -358,7 +424,12 @@ mod tests {
         let mut busy = InputClock::direct();
         let later = start + Duration::from_secs(5);
         busy.observe(9_000, later);
-        let wm = task_watermark(&[quiet, busy], 0, Some(Duration::from_secs(2)), later);
+        let wm = task_watermark(
+            &[quiet, busy],
+            0,
+            Idleness::Inputs(Duration::from_secs(2)),
+            later,
+        );
         assert_eq!(wm, Some(9_000));
     }
 

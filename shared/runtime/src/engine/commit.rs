@@ -38,7 +38,7 @@ impl<P: Processor> Engine<P> {
             let moved = clock
                 .announced
                 .is_none_or(|announced| announced < watermark);
-            let heartbeat = clock.active && self.settings.event_time.idle_timeout.is_some();
+            let heartbeat = clock.active && self.settings.event_time.idleness.is_on();
             if !moved && !heartbeat {
                 continue;
             }
@@ -67,18 +67,18 @@ impl<P: Processor> Engine<P> {
     /// Sends every task watermark that moved to every partition of the stage
     /// link the output writes. The announcement follows the task's results in
     /// each partition, so a reading task never sees a watermark before the
-    /// results it covers.
+    /// results it covers. With an idle timeout, tasks that have a watermark
+    /// re-announce it at every commit, so that the reading stage can tell them
+    /// from tasks that never will (whose input received nothing).
     fn announce_task_watermarks(&mut self) {
         let Some(partitions) = self.settings.link_partitions else {
             return;
         };
+        let heartbeat = self.settings.event_time.idleness.is_on();
         for task in self.tasks.values_mut() {
             let watermark = task.watermark();
-            if watermark == crate::time::NO_WATERMARK
-                || task
-                    .announced
-                    .is_some_and(|announced| announced >= watermark)
-            {
+            let moved = task.announced.is_none_or(|announced| announced < watermark);
+            if watermark == crate::time::NO_WATERMARK || !(moved || heartbeat) {
                 continue;
             }
             let watermark_bytes = watermark.to_be_bytes();

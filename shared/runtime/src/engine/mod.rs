@@ -500,7 +500,7 @@ impl<P: Processor> Engine<P> {
         for partition in partitions {
             self.drain(partition)?;
         }
-        if self.settings.event_time.idle_timeout.is_some() {
+        if self.settings.event_time.idleness.is_on() {
             let now = Instant::now();
             let mut env = TaskEnv {
                 output: &mut self.output,
