@@ -74,6 +74,23 @@ impl ModelRun {
     fn start(&self) -> Service {
         Service::start("window-aggregator", &self.arguments)
     }
+
+    /// Waits (up to `timeout`) for as many rows as the model expects, checks
+    /// they are the model's rows in any order (showing `log()` if not), and
+    /// returns them in output order.
+    fn assert_model_rows(&self, timeout: Duration, log: impl FnOnce() -> String) -> Vec<Value> {
+        let output = wait_for_records(&self.topics.output, self.expected.len(), timeout);
+        assert_same_records(&output, &self.expected, &log());
+        output
+    }
+}
+
+/// The `field` (`window_start` or `window_end`) of every row, in output order.
+fn window_times(output: &[Value], field: &str) -> Vec<i64> {
+    output
+        .iter()
+        .map(|row| row["value"][field].as_i64().unwrap())
+        .collect()
 }
 
 #[test]
@@ -105,16 +122,8 @@ fn global_windows_over_four_partitions_match_a_model_of_the_spec() {
     create_topic(&run.topics.output, 3);
     let service = run.start();
     run.produce();
-    let output = wait_for_records(
-        &run.topics.output,
-        run.expected.len(),
-        Duration::from_secs(120),
-    );
-    assert_same_records(&output, &run.expected, &service.log());
-    let starts: Vec<i64> = output
-        .iter()
-        .map(|row| row["value"]["window_start"].as_i64().unwrap())
-        .collect();
+    let output = run.assert_model_rows(Duration::from_secs(120), || service.log());
+    let starts = window_times(&output, "window_start");
     assert!(
         starts.windows(2).all(|pair| pair[0] < pair[1]),
         "one final task emits windows in time order"
@@ -148,12 +157,7 @@ fn grouped_by_customer_over_three_partitions_match_a_model_of_the_spec() {
     );
     let service = run.start();
     run.produce();
-    let output = wait_for_records(
-        &run.topics.output,
-        run.expected.len(),
-        Duration::from_secs(120),
-    );
-    assert_same_records(&output, &run.expected, &service.log());
+    run.assert_model_rows(Duration::from_secs(120), || service.log());
 }
 
 #[test]
@@ -172,16 +176,8 @@ fn grouped_windows_come_out_in_end_order_across_groups() {
     // sees the watermark jump over many windows of every group at once.
     run.produce();
     let service = run.start();
-    let output = wait_for_records(
-        &run.topics.output,
-        run.expected.len(),
-        Duration::from_secs(120),
-    );
-    assert_same_records(&output, &run.expected, &service.log());
-    let ends: Vec<i64> = output
-        .iter()
-        .map(|row| row["value"]["window_end"].as_i64().unwrap())
-        .collect();
+    let output = run.assert_model_rows(Duration::from_secs(120), || service.log());
+    let ends = window_times(&output, "window_end");
     let disorder = ends.windows(2).position(|pair| pair[0] > pair[1]);
     assert_eq!(
         disorder, None,
@@ -229,10 +225,7 @@ fn the_final_stage_waits_for_the_slowest_partition() {
     produce(&topics.input, "orders-marketplace", &lines(&[caught_up]));
     // Partition 1's watermark is now T+2000: the windows ending by then close.
     let output = wait_for_records(&topics.output, 2, Duration::from_secs(30));
-    let ends: Vec<i64> = output
-        .iter()
-        .map(|row| row["value"]["window_end"].as_i64().unwrap())
-        .collect();
+    let ends = window_times(&output, "window_end");
     assert_eq!(ends, [T + 1_000, T + 2_000], "log:\n{}", service.log());
 }
 
@@ -289,12 +282,7 @@ fn a_crash_between_the_stages_loses_and_duplicates_nothing() {
     );
     first.kill();
     let second = Service::start_with_state("window-aggregator", &run.arguments, state);
-    let output = wait_for_records(
-        &run.topics.output,
-        run.expected.len(),
-        Duration::from_secs(180),
-    );
-    assert_same_records(&output, &run.expected, &second.log());
+    run.assert_model_rows(Duration::from_secs(180), || second.log());
 }
 
 #[test]
@@ -327,16 +315,9 @@ fn two_instances_share_the_partial_stage_and_one_runs_the_final_task() {
     first.wait_ready(Duration::from_secs(60));
     second.wait_ready(Duration::from_secs(60));
     run.produce();
-    let output = wait_for_records(
-        &run.topics.output,
-        run.expected.len(),
-        Duration::from_secs(120),
-    );
-    assert_same_records(
-        &output,
-        &run.expected,
-        &format!("{}\n---\n{}", first.log(), second.log()),
-    );
+    run.assert_model_rows(Duration::from_secs(120), || {
+        format!("{}\n---\n{}", first.log(), second.log())
+    });
     // Partial tasks: four in all, on both instances; the final task: one.
     let count = |service: &Service, final_stage: bool| {
         service
