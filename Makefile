@@ -29,7 +29,7 @@ lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-demo: build up ## run every service on the seed data and show the results
+demo: build up ## run every service on the example data (tests/fixtures) and show the results
 	@bash deploy/local/demo.sh
 
 bench: deps up ## throughput of every service on the local stack (release build; see BENCHMARKS.md)

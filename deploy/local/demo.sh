@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make demo`: every service on the seed data, against the local stack.
+# `make demo`: every service on the example data of tests/fixtures (the worked
+# examples of docs/services/), against the local stack.
 #
 # Each run uses its own topic names (prefix demo-<run>-) and application ids,
 # so it can be repeated without old results mixing in. Services run in the
@@ -8,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 TARGET="${CARGO_TARGET_DIR:-target}/debug"
-FIXTURES="${FIXTURES_DIR:-../shared/fixtures}"
+FIXTURES=tests/fixtures
 SCHEMAS=shared/schemas/avro
 RUN="demo-$(date +%s)"
 WORK="${TMPDIR:-/tmp}/$RUN"
@@ -22,8 +23,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-[ -d "$FIXTURES" ] || { echo "demo: fixtures not found at $FIXTURES (set FIXTURES_DIR)" >&2; exit 1; }
-
 topic() { echo "$RUN-$1"; }
 create_and_produce() { # topic-name fixture-file partitions
   local name; name=$(topic "$1")
@@ -31,14 +30,14 @@ create_and_produce() { # topic-name fixture-file partitions
   streamctl produce --topic "$name" --schema "$SCHEMAS/$1.avsc" --file "$2"
 }
 
-echo "== producing the seed data (topics prefixed $RUN-)"
+echo "== producing the example data of $FIXTURES (topics prefixed $RUN-)"
 create_and_produce temperature-readings "$FIXTURES/sensor-fusion/temperature-readings.jsonl"
 create_and_produce humidity-readings "$FIXTURES/sensor-fusion/humidity-readings.jsonl"
 create_and_produce orders "$FIXTURES/order-shipment-joiner/orders.jsonl"
 create_and_produce shipments "$FIXTURES/order-shipment-joiner/shipments.jsonl"
 create_and_produce user-events "$FIXTURES/sessionizer/user-events.jsonl"
 create_and_produce orders-marketplace "$FIXTURES/window-aggregator/orders-marketplace.jsonl"
-# No seed fixture for embed-batcher: a handful of edits written for the demo.
+# No fixture for embed-batcher: a handful of edits written for the demo.
 create_and_produce articles deploy/local/demo-data/articles.jsonl
 
 start() { # binary http-port args...

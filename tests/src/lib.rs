@@ -41,11 +41,10 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// `../shared/fixtures` beside the checkout (or `FIXTURES_DIR`).
+/// `tests/fixtures` of the workspace: one directory per service with example
+/// inputs and the output they give, as JSON lines (see docs/services/README.md).
 pub fn fixtures_dir() -> PathBuf {
-    std::env::var_os("FIXTURES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("../shared/fixtures"))
+    workspace().join("tests/fixtures")
 }
 
 /// The `.avsc` file of a project topic.
