@@ -1,5 +1,6 @@
-//! The batching processor: per tenant, pending edits by doc_id and one batch
-//! timer, as in the seed's `EMBED_IN_BATCHES` PTF (SPEC "embed-batcher").
+//! The batching processor: per tenant, pending edits by doc_id, one batch
+//! timer (event time) and one expiry timer (wall clock). The rules are in
+//! docs/services/embed-batcher.md.
 //!
 //! State, keyed by the value's `tenant_id` (the record key is not trusted to
 //! equal it):
@@ -12,29 +13,24 @@
 //!   before which no pending entry can have expired.
 //!
 //! The watermark and the timers are the runtime's, stored with the task's
-//! state (the seed's restart bug cannot happen). Lateness: an edit at or
-//! before the task watermark is late (`<=`, the seed's rule).
+//! state, so a restart resumes them. Lateness: an edit at or before the task
+//! watermark is late (`<=`).
 //!
 //! `process` only moves the timer earlier ([`wake_up_after_edit`]); the timer
 //! sends what the watermark allows and re-arms itself ([`plan_batches`]).
 //! A batch's rows carry the timer's time as `batch_time`.
 //!
-//! **State TTL** (wall clock, like Flink's TTL with cleanup on read): an
-//! entry not written for `state-ttl` is dropped and counted
-//! (`pending_edits_expired`) the next time its tenant is touched — when a
-//! record of the tenant is processed (only if `progress` says an entry may
-//! have expired) or when its timer fires. Cleanup is lazy: an expired entry
-//! of a tenant that is never touched again stays on disk, but it can never be
-//! sent, because a tenant with pending edits always has a timer and the
-//! timer drops expired entries before sending.
+//! **State TTL** (processing time, [`Context::now`]): an entry not written
+//! for `state-ttl` is dropped and counted (`pending_edits_expired`). A
+//! tenant with pending edits has a wall-clock timer at the earliest time one
+//! of them can expire, which drops what has expired and re-arms itself; an
+//! edit or a batch timer that finds expired entries first drops them too, so
+//! an expired edit is never sent.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use streams_runtime::{
-    Context, InputStream, MapState, Processor, Record, Timer, Topology, ValueState, NO_WATERMARK,
-};
+use streams_runtime::prelude::*;
 
 use crate::batching::{plan_batches, wake_up_after_edit};
 use crate::embedder::{Embedder, Retrying};
@@ -61,16 +57,28 @@ struct Progress {
     expiry_check: i64,
 }
 
-/// Pending edits per tenant, by doc_id. Store names are permanent.
-const PENDING: MapState<String, PendingEdit> = MapState::new("pending");
-/// Per-tenant bookkeeping.
-const PROGRESS: ValueState<Progress> = ValueState::new("progress");
-/// The tenant's one batch timer.
-const BATCH_TIMER: &str = "batch";
+streams_runtime::stores! {
+    /// Pending edits per tenant, by doc_id. Store names are permanent.
+    PENDING: MapState<String, PendingEdit> = "pending";
+    /// Per-tenant bookkeeping.
+    PROGRESS: ValueState<Progress> = "progress";
+}
 
-/// Builds the topology: articles in, embeddings out.
-pub fn topology(settings: &Settings) -> anyhow::Result<Topology<Article>> {
-    Ok(Topology::new(
+streams_runtime::timer_names! {
+    /// A tenant's timers.
+    pub enum TenantTimer {
+        /// Event time: send what the watermark allows.
+        Batch = "batch",
+        /// Wall clock: drop pending edits older than the TTL.
+        Expiry = "expiry",
+    }
+}
+
+/// The service: articles in, embeddings out.
+pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
+    let embedder = crate::embedder::from_settings(&settings)?;
+    let processor = EmbedBatcher::new(&settings, embedder);
+    let topology = Topology::new(
         "embed-batcher",
         &settings.output_topic,
         topic_schemas::ARTICLE_EMBEDDINGS,
@@ -81,9 +89,8 @@ pub fn topology(settings: &Settings) -> anyhow::Result<Topology<Article>> {
         |a: &Article| a.updated_at,
         |a| a,
     )?)
-    .store(PENDING.name())
-    .store(PROGRESS.name())
-    .max_out_of_orderness(settings.max_out_of_orderness))
+    .max_out_of_orderness(settings.max_out_of_orderness);
+    Ok(Pipeline::new(settings.runtime, topology, processor))
 }
 
 /// The processor; cloned per task, sharing one embedder.
@@ -93,13 +100,6 @@ pub struct EmbedBatcher {
     max_wait: i64,
     state_ttl: i64,
     embedder: Arc<Retrying<Box<dyn Embedder>>>,
-}
-
-/// Wall-clock milliseconds since the epoch.
-fn wall_clock() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 impl EmbedBatcher {
@@ -134,7 +134,7 @@ impl EmbedBatcher {
     /// not written for the TTL.
     fn live_entries(
         &self,
-        ctx: &mut Context<'_, ArticleEmbedding>,
+        ctx: &mut Context<'_, EmbedBatcher>,
         tenant: &str,
         now: i64,
     ) -> anyhow::Result<Vec<(String, PendingEdit)>> {
@@ -154,7 +154,7 @@ impl EmbedBatcher {
     /// removing the sent edits from state.
     fn send(
         &self,
-        ctx: &mut Context<'_, ArticleEmbedding>,
+        ctx: &mut Context<'_, EmbedBatcher>,
         tenant: &str,
         batch: &[(String, PendingEdit)],
         batch_time: i64,
@@ -181,27 +181,39 @@ impl EmbedBatcher {
     }
 }
 
-/// Stores `progress`, or removes it when nothing is pending.
+/// Stores `progress` and sets the expiry timer by it; when nothing is
+/// pending, removes both (and the batch timer: there is nothing to send).
 fn save_progress(
-    ctx: &mut Context<'_, ArticleEmbedding>,
+    ctx: &mut Context<'_, EmbedBatcher>,
     tenant: &str,
     progress: &Progress,
 ) -> anyhow::Result<()> {
-    ctx.put_or_delete(&PROGRESS, tenant, Some(progress).filter(|p| p.pending > 0))
+    if progress.pending == 0 {
+        ctx.clear_wall_clock_timer(tenant, TenantTimer::Expiry);
+        ctx.clear_timer(tenant, TenantTimer::Batch);
+        ctx.delete(&PROGRESS, tenant);
+        return Ok(());
+    }
+    if ctx.wall_clock_timer(tenant, TenantTimer::Expiry) != Some(progress.expiry_check) {
+        ctx.set_wall_clock_timer(tenant, TenantTimer::Expiry, progress.expiry_check);
+    }
+    ctx.put(&PROGRESS, tenant, progress)
 }
 
 impl Processor for EmbedBatcher {
     type Input = Article;
     type Output = ArticleEmbedding;
+    type Timers = TenantTimer;
+    const STORES: &'static [&'static str] = STORES;
 
     fn process(
         &mut self,
-        ctx: &mut Context<'_, ArticleEmbedding>,
+        ctx: &mut Context<'_, EmbedBatcher>,
         record: Record<'_, Article>,
     ) -> anyhow::Result<()> {
         let edit = record.value;
         let tenant = edit.tenant_id.as_str();
-        let now = wall_clock();
+        let now = ctx.now();
         let mut progress = match ctx.get(&PROGRESS, tenant)? {
             Some(progress) if progress.expiry_check <= now => {
                 let live = self.live_entries(ctx, tenant, now)?;
@@ -231,21 +243,24 @@ impl Processor for EmbedBatcher {
         let pending = usize::try_from(progress.pending).unwrap_or(usize::MAX);
         let wake_up = wake_up_after_edit(edit.updated_at, pending, self.batch_size, self.max_wait);
         if ctx
-            .timer(tenant, BATCH_TIMER)
+            .timer(tenant, TenantTimer::Batch)
             .is_none_or(|current| wake_up < current)
         {
-            ctx.set_timer(tenant, BATCH_TIMER, wake_up);
+            ctx.set_timer(tenant, TenantTimer::Batch, wake_up);
         }
         save_progress(ctx, tenant, &progress)
     }
 
     fn on_timer(
         &mut self,
-        ctx: &mut Context<'_, ArticleEmbedding>,
-        timer: Timer<'_>,
+        ctx: &mut Context<'_, EmbedBatcher>,
+        timer: Timer<'_, TenantTimer>,
     ) -> anyhow::Result<()> {
         let tenant = timer.key;
-        let mut waiting = self.live_entries(ctx, tenant, wall_clock())?;
+        let mut waiting = self.live_entries(ctx, tenant, ctx.now())?;
+        if timer.name == TenantTimer::Expiry {
+            return save_progress(ctx, tenant, &self.progress_of(&waiting));
+        }
         waiting.sort_by(|(doc_a, a), (doc_b, b)| (a.updated_at, doc_a).cmp(&(b.updated_at, doc_b)));
         let times: Vec<i64> = waiting.iter().map(|(_, edit)| edit.updated_at).collect();
         let plan = plan_batches(&times, ctx.watermark(), self.batch_size, self.max_wait);
@@ -253,14 +268,14 @@ impl Processor for EmbedBatcher {
             self.send(ctx, tenant, &waiting[batch.clone()], timer.time)?;
         }
         match plan.next_timer {
-            Some(time) => ctx.set_timer(tenant, BATCH_TIMER, time),
-            None => ctx.clear_timer(tenant, BATCH_TIMER),
+            Some(time) => ctx.set_timer(tenant, TenantTimer::Batch, time),
+            None => ctx.clear_timer(tenant, TenantTimer::Batch),
         }
         let progress = self.progress_of(&waiting[plan.sent()..]);
         save_progress(ctx, tenant, &progress)
     }
 
-    /// The seed's rule: an edit at or before the watermark is late.
+    /// An edit at or before the watermark is late.
     fn is_late(&self, event_time: i64, watermark: i64) -> bool {
         watermark != NO_WATERMARK && event_time <= watermark
     }

@@ -1,23 +1,12 @@
-//! order-shipment-joiner: the seed's Flink SQL interval join of orders and
-//! shipments, as a service.
+//! order-shipment-joiner: an interval join of orders and shipments (a
+//! shipment within 7 days of its order), as a service. See
+//! docs/services/order-shipment-joiner.md.
 
 mod model;
 mod processor;
 mod settings;
 mod timestamp;
 
-use std::process::ExitCode;
-
-use clap::Parser;
-
-fn main() -> ExitCode {
-    let settings = settings::Settings::parse();
-    let processor = processor::IntervalJoin::new(&settings);
-    match processor::topology(&settings) {
-        Ok(topology) => streams_runtime::run(settings.runtime, topology, processor),
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+fn main() -> std::process::ExitCode {
+    streams_runtime::service_main(processor::pipeline)
 }

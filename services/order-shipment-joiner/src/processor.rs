@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use streams_runtime::{Context, InputStream, Processor, Record, Timer, Topology, ValueState};
+use streams_runtime::prelude::*;
 
 use crate::model::{JoinInput, Order, Shipment, ShippedOrder};
 use crate::settings::Settings;
@@ -25,19 +25,25 @@ use crate::timestamp::format_utc;
 /// One side's buffered records of an order id, by event time (ms).
 type Buffered<T> = BTreeMap<i64, Vec<T>>;
 
-/// Buffered orders per order id.
-const ORDERS: ValueState<Buffered<Order>> = ValueState::new("orders");
-/// Buffered shipments per order id.
-const SHIPMENTS: ValueState<Buffered<Shipment>> = ValueState::new("shipments");
+streams_runtime::stores! {
+    /// Buffered orders per order id.
+    pub ORDERS: ValueState<Buffered<Order>> = "orders";
+    /// Buffered shipments per order id.
+    pub SHIPMENTS: ValueState<Buffered<Shipment>> = "shipments";
+}
 
-/// Per order id, the earliest time a buffered order expires.
-const ORDER_EXPIRY: &str = "order-expiry";
-/// Per order id, the earliest time a buffered shipment expires.
-const SHIPMENT_EXPIRY: &str = "shipment-expiry";
+streams_runtime::timer_names! {
+    /// Per order id and side, the earliest time a buffered record expires.
+    pub enum Expiry {
+        Order = "order-expiry",
+        Shipment = "shipment-expiry",
+    }
+}
 
-/// Builds the topology: orders direct, shipments re-keyed by order id.
-pub fn topology(settings: &Settings) -> anyhow::Result<Topology<JoinInput>> {
-    Ok(Topology::new(
+/// The service: orders direct, shipments re-keyed by order id, joined.
+pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
+    let processor = IntervalJoin::new(&settings);
+    let topology = Topology::new(
         "order-shipment-joiner",
         &settings.output_topic,
         topic_schemas::SHIPPED_ORDERS,
@@ -55,18 +61,14 @@ pub fn topology(settings: &Settings) -> anyhow::Result<Topology<JoinInput>> {
             |s: &Shipment| s.ship_ts_raw.saturating_mul(1000),
             JoinInput::Shipment,
         )?
-        .repartition_by("shipments-by-order", |input| match input {
-            JoinInput::Shipment(s) => s.order_id.to_string(),
-            JoinInput::Order(o) => o.id.to_string(),
-        }),
+        .repartition_by("shipments-by-order", |s: &Shipment| s.order_id.to_string()),
     )
-    .store(ORDERS.name())
-    .store(SHIPMENTS.name())
-    .max_out_of_orderness(settings.grace))
+    .max_out_of_orderness(settings.grace);
+    Ok(Pipeline::new(settings.runtime, topology, processor))
 }
 
 /// Moves `key`'s timer `name` to `at` if that is earlier.
-fn expire_by(ctx: &mut Context<'_, ShippedOrder>, key: &str, name: &str, at: i64) {
+fn expire_by(ctx: &mut Context<'_, IntervalJoin>, key: &str, name: Expiry, at: i64) {
     if ctx.timer(key, name).is_none_or(|current| at < current) {
         ctx.set_timer(key, name, at);
     }
@@ -75,10 +77,10 @@ fn expire_by(ctx: &mut Context<'_, ShippedOrder>, key: &str, name: &str, at: i64
 /// Drops `key`'s buffered records of one side whose `expiry` has passed the
 /// watermark, counting them as `counter`; re-arms timer `name` for the rest.
 fn expire<T: serde::Serialize + serde::de::DeserializeOwned>(
-    ctx: &mut Context<'_, ShippedOrder>,
+    ctx: &mut Context<'_, IntervalJoin>,
     state: &ValueState<Buffered<T>>,
     key: &str,
-    (name, counter): (&str, &'static str),
+    (name, counter): (Expiry, &'static str),
     expiry: impl Fn(i64) -> i64,
 ) -> anyhow::Result<()> {
     let Some(mut buffered) = ctx.get(state, key)? else {
@@ -135,7 +137,7 @@ impl IntervalJoin {
 
     fn on_order(
         &self,
-        ctx: &mut Context<'_, ShippedOrder>,
+        ctx: &mut Context<'_, Self>,
         key: &str,
         order: Order,
         time: i64,
@@ -149,13 +151,13 @@ impl IntervalJoin {
         let mut orders = ctx.get(&ORDERS, key)?.unwrap_or_default();
         orders.entry(time).or_default().push(order);
         ctx.put(&ORDERS, key, &orders)?;
-        expire_by(ctx, key, ORDER_EXPIRY, self.order_expiry(time));
+        expire_by(ctx, key, Expiry::Order, self.order_expiry(time));
         Ok(())
     }
 
     fn on_shipment(
         &self,
-        ctx: &mut Context<'_, ShippedOrder>,
+        ctx: &mut Context<'_, Self>,
         key: &str,
         shipment: Shipment,
         time: i64,
@@ -169,7 +171,7 @@ impl IntervalJoin {
         let mut shipments = ctx.get(&SHIPMENTS, key)?.unwrap_or_default();
         shipments.entry(time).or_default().push(shipment);
         ctx.put(&SHIPMENTS, key, &shipments)?;
-        expire_by(ctx, key, SHIPMENT_EXPIRY, Self::shipment_expiry(time));
+        expire_by(ctx, key, Expiry::Shipment, Self::shipment_expiry(time));
         Ok(())
     }
 }
@@ -177,10 +179,12 @@ impl IntervalJoin {
 impl Processor for IntervalJoin {
     type Input = JoinInput;
     type Output = ShippedOrder;
+    type Timers = Expiry;
+    const STORES: &'static [&'static str] = STORES;
 
     fn process(
         &mut self,
-        ctx: &mut Context<'_, ShippedOrder>,
+        ctx: &mut Context<'_, Self>,
         record: Record<'_, JoinInput>,
     ) -> anyhow::Result<()> {
         match record.value {
@@ -197,25 +201,24 @@ impl Processor for IntervalJoin {
 
     fn on_timer(
         &mut self,
-        ctx: &mut Context<'_, ShippedOrder>,
-        timer: Timer<'_>,
+        ctx: &mut Context<'_, Self>,
+        timer: Timer<'_, Expiry>,
     ) -> anyhow::Result<()> {
-        if timer.name == ORDER_EXPIRY {
-            expire(
+        match timer.name {
+            Expiry::Order => expire(
                 ctx,
                 &ORDERS,
                 timer.key,
-                (ORDER_EXPIRY, "orders_expired"),
+                (Expiry::Order, "orders_expired"),
                 |time| self.order_expiry(time),
-            )
-        } else {
-            expire(
+            ),
+            Expiry::Shipment => expire(
                 ctx,
                 &SHIPMENTS,
                 timer.key,
-                (SHIPMENT_EXPIRY, "shipments_expired"),
+                (Expiry::Shipment, "shipments_expired"),
                 Self::shipment_expiry,
-            )
+            ),
         }
     }
 }

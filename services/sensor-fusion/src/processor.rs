@@ -10,8 +10,8 @@
 //!   same map; a reading of any other window emits and replaces it.
 
 use serde::{Deserialize, Serialize};
+use streams_runtime::prelude::*;
 use streams_runtime::window::tumbling_start;
-use streams_runtime::{Context, InputStream, MapState, Processor, Record, Timer, Topology};
 
 use crate::median::median;
 use crate::model::{HumidityReading, MachineMaintenance, Reading, TemperatureReading};
@@ -24,15 +24,34 @@ struct WindowReadings {
     humidities: Vec<f64>,
 }
 
-/// Buffered readings per machine, by window start.
-const WINDOW_READINGS: MapState<i64, WindowReadings> = MapState::new("window-readings");
+streams_runtime::stores! {
+    /// Buffered readings per machine, by window start.
+    WINDOW_READINGS: MapState<i64, WindowReadings> = "window-readings";
+}
 
-/// Name of the per-window timer (one per machine and window end).
-const WINDOW_END_TIMER: &str = "window-end";
+streams_runtime::timer_names! {
+    /// The end of one machine's window (watermark mode). Its key is
+    /// [`window_timer_key`]: one timer per machine and window.
+    pub enum WindowTimer {
+        End = "window-end",
+    }
+}
 
-/// Builds the topology: both reading topics in, verdicts out.
-pub fn topology(settings: &Settings) -> anyhow::Result<Topology<Reading>> {
-    Ok(Topology::new(
+/// The timer key of `machine`'s window starting at `start`. NUL sorts
+/// first, so timers due at the same time fire in machine order.
+fn window_timer_key(machine: &str, start: i64) -> String {
+    format!("{machine}\0{start}")
+}
+
+/// The machine of a [`window_timer_key`].
+fn machine_of_timer_key(key: &str) -> &str {
+    key.rsplit_once('\0').map_or(key, |(machine, _)| machine)
+}
+
+/// The service: both reading topics in, verdicts out.
+pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
+    let processor = SensorFusion::new(&settings);
+    let topology = Topology::new(
         "sensor-fusion",
         &settings.output_topic,
         topic_schemas::MACHINE_MAINTENANCE,
@@ -49,8 +68,8 @@ pub fn topology(settings: &Settings) -> anyhow::Result<Topology<Reading>> {
         |r: &HumidityReading| r.event_time,
         Reading::Humidity,
     )?)
-    .store(WINDOW_READINGS.name())
-    .max_out_of_orderness(settings.max_out_of_orderness))
+    .max_out_of_orderness(settings.max_out_of_orderness);
+    Ok(Pipeline::new(settings.runtime, topology, processor))
 }
 
 #[derive(Debug, Clone)]
@@ -98,7 +117,7 @@ impl SensorFusion {
 
     fn emit_window(
         &self,
-        ctx: &mut Context<'_, MachineMaintenance>,
+        ctx: &mut Context<'_, Self>,
         machine: &str,
         start: i64,
         readings: WindowReadings,
@@ -121,10 +140,12 @@ fn add(readings: &mut WindowReadings, reading: &Reading) {
 impl Processor for SensorFusion {
     type Input = Reading;
     type Output = MachineMaintenance;
+    type Timers = WindowTimer;
+    const STORES: &'static [&'static str] = STORES;
 
     fn process(
         &mut self,
-        ctx: &mut Context<'_, MachineMaintenance>,
+        ctx: &mut Context<'_, Self>,
         record: Record<'_, Reading>,
     ) -> anyhow::Result<()> {
         let machine = record.value.machine().to_string();
@@ -134,8 +155,8 @@ impl Processor for SensorFusion {
                 let mut readings = match ctx.map_get(&WINDOW_READINGS, &machine, &start)? {
                     Some(readings) => readings,
                     None => {
-                        let timer = format!("{WINDOW_END_TIMER}-{start}");
-                        ctx.set_timer(&machine, &timer, start + self.interval);
+                        let key = window_timer_key(&machine, start);
+                        ctx.set_timer(&key, WindowTimer::End, start + self.interval);
                         WindowReadings::default()
                     }
                 };
@@ -163,12 +184,14 @@ impl Processor for SensorFusion {
 
     fn on_timer(
         &mut self,
-        ctx: &mut Context<'_, MachineMaintenance>,
-        timer: Timer<'_>,
+        ctx: &mut Context<'_, Self>,
+        timer: Timer<'_, WindowTimer>,
     ) -> anyhow::Result<()> {
+        let WindowTimer::End = timer.name;
+        let machine = machine_of_timer_key(timer.key);
         let start = timer.time - self.interval;
-        if let Some(readings) = ctx.map_get(&WINDOW_READINGS, timer.key, &start)? {
-            self.emit_window(ctx, timer.key, start, readings)?;
+        if let Some(readings) = ctx.map_get(&WINDOW_READINGS, machine, &start)? {
+            self.emit_window(ctx, machine, start, readings)?;
         }
         Ok(())
     }

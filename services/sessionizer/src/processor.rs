@@ -1,7 +1,7 @@
 //! The session processor: one open session and one inactivity timer per user.
 
 use serde::{Deserialize, Serialize};
-use streams_runtime::{Context, InputStream, Processor, Record, Timer, Topology, ValueState};
+use streams_runtime::prelude::*;
 
 use crate::model::{UserEvent, UserSession};
 use crate::settings::Settings;
@@ -17,15 +17,25 @@ struct Session {
     events: Vec<String>,
 }
 
-const SESSIONS: ValueState<Session> = ValueState::new("sessions");
-const INACTIVITY: &str = "inactivity";
+streams_runtime::stores! {
+    /// The open session of each user.
+    SESSIONS: ValueState<Session> = "sessions";
+}
+
+streams_runtime::timer_names! {
+    /// A user's inactivity timeout.
+    pub enum SessionTimer {
+        Inactivity = "inactivity",
+    }
+}
 
 const COMPLETED: &str = "COMPLETED";
 const TIMEOUT: &str = "TIMEOUT";
 
-/// Builds the topology: user events in, sessions out.
-pub fn topology(settings: &Settings) -> anyhow::Result<Topology<UserEvent>> {
-    Ok(Topology::new(
+/// The service: user events in, sessions out.
+pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
+    let processor = Sessionizer::new(&settings);
+    let topology = Topology::new(
         "sessionizer",
         &settings.output_topic,
         topic_schemas::USER_SESSIONS,
@@ -36,8 +46,8 @@ pub fn topology(settings: &Settings) -> anyhow::Result<Topology<UserEvent>> {
         |e: &UserEvent| e.event_time,
         |e| e,
     )?)
-    .store(SESSIONS.name())
-    .max_out_of_orderness(settings.max_out_of_orderness))
+    .max_out_of_orderness(settings.max_out_of_orderness);
+    Ok(Pipeline::new(settings.runtime, topology, processor))
 }
 
 #[derive(Debug, Clone)]
@@ -53,14 +63,14 @@ impl Sessionizer {
     }
 
     fn end(
-        ctx: &mut Context<'_, UserSession>,
+        ctx: &mut Context<'_, Self>,
         user: &str,
         session: Session,
         status: &'static str,
         end: i64,
     ) -> anyhow::Result<()> {
         ctx.delete(&SESSIONS, user);
-        ctx.clear_timer(user, INACTIVITY);
+        ctx.clear_timer(user, SessionTimer::Inactivity);
         let summary = UserSession {
             user_id: user.to_string(),
             status,
@@ -77,10 +87,12 @@ impl Sessionizer {
 impl Processor for Sessionizer {
     type Input = UserEvent;
     type Output = UserSession;
+    type Timers = SessionTimer;
+    const STORES: &'static [&'static str] = STORES;
 
     fn process(
         &mut self,
-        ctx: &mut Context<'_, UserSession>,
+        ctx: &mut Context<'_, Self>,
         record: Record<'_, UserEvent>,
     ) -> anyhow::Result<()> {
         let event = record.value;
@@ -100,7 +112,7 @@ impl Processor for Sessionizer {
         }
         ctx.set_timer(
             &event.user_id,
-            INACTIVITY,
+            SessionTimer::Inactivity,
             session.latest.saturating_add(self.timeout),
         );
         ctx.put(&SESSIONS, &event.user_id, &session)
@@ -108,8 +120,8 @@ impl Processor for Sessionizer {
 
     fn on_timer(
         &mut self,
-        ctx: &mut Context<'_, UserSession>,
-        timer: Timer<'_>,
+        ctx: &mut Context<'_, Self>,
+        timer: Timer<'_, SessionTimer>,
     ) -> anyhow::Result<()> {
         if let Some(session) = ctx.get(&SESSIONS, timer.key)? {
             ctx.increment("sessions_timed_out");

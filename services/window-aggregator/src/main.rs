@@ -1,6 +1,6 @@
-//! window-aggregator: the seed's hopping-window aggregation (Flink Table API
-//! `HOP`) as a service — order counts and price statistics per window, over
-//! the whole stream or per group.
+//! window-aggregator: hopping-window order counts and price statistics per
+//! window, over the whole stream or per group. See
+//! docs/services/window-aggregator.md.
 //!
 //! Two stages (see `stages.rs`): each task pre-aggregates its partitions'
 //! windows, and a final stage combines the partial aggregates once every
@@ -13,17 +13,6 @@ mod open_windows;
 mod settings;
 mod stages;
 
-use std::process::ExitCode;
-
-use clap::Parser;
-
-fn main() -> ExitCode {
-    let settings = settings::Settings::parse();
-    match stages::pipeline(settings) {
-        Ok(pipeline) => pipeline.run(),
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+fn main() -> std::process::ExitCode {
+    streams_runtime::service_main(stages::pipeline)
 }

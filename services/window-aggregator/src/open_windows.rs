@@ -13,15 +13,22 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-use streams_runtime::{Context, Timer, ValueState};
+use streams_runtime::prelude::*;
 
 use crate::accumulator::Accumulator;
 
-/// Open windows per key, by window start.
-pub const OPEN_WINDOWS: ValueState<BTreeMap<i64, Accumulator>> = ValueState::new("open-windows");
+streams_runtime::stores! {
+    /// Open windows per key, by window start.
+    pub OPEN_WINDOWS: ValueState<BTreeMap<i64, Accumulator>> = "open-windows";
+}
 
-const FLUSH_TIMER: &str = "flush";
+streams_runtime::timer_names! {
+    /// The timers of both stages.
+    pub enum WindowTimer {
+        /// A key's earliest open window ends.
+        Flush = "flush",
+    }
+}
 
 /// Window bookkeeping for windows of `size` milliseconds.
 #[derive(Debug, Clone, Copy)]
@@ -33,9 +40,9 @@ impl OpenWindows {
     /// Applies `update` to `key`'s windows starting at each of `starts`
     /// (opening them if needed) and makes sure the flush timer fires by the
     /// earliest one's end.
-    pub fn update<O: Serialize>(
+    pub fn update<P: Processor<Timers = WindowTimer>>(
         &self,
-        ctx: &mut Context<'_, O>,
+        ctx: &mut Context<'_, P>,
         key: &str,
         starts: impl IntoIterator<Item = i64>,
         mut update: impl FnMut(&mut Accumulator),
@@ -52,10 +59,10 @@ impl OpenWindows {
         };
         ctx.put(&OPEN_WINDOWS, key, &windows)?;
         if ctx
-            .timer(key, FLUSH_TIMER)
+            .timer(key, WindowTimer::Flush)
             .is_none_or(|at| at > earliest_end)
         {
-            ctx.set_timer(key, FLUSH_TIMER, earliest_end);
+            ctx.set_timer(key, WindowTimer::Flush, earliest_end);
         }
         Ok(())
     }
@@ -67,14 +74,15 @@ impl OpenWindows {
     /// Windows ending later wait for their own firing even when the watermark
     /// has already passed them: the runtime fires the re-set timer within the
     /// same watermark advance, after every other key's earlier timers, so
-    /// closed windows come out in end order across keys (SPEC: timers of one
-    /// task fire in time order), not key by key.
-    pub fn flush<O: Serialize>(
+    /// closed windows come out in end order across keys (timers of one task fire
+    /// in time order; see docs/services/README.md), not key by key.
+    pub fn flush<P: Processor<Timers = WindowTimer>>(
         &self,
-        ctx: &mut Context<'_, O>,
-        timer: &Timer<'_>,
-        mut closed: impl FnMut(&mut Context<'_, O>, i64, i64, Accumulator) -> anyhow::Result<()>,
+        ctx: &mut Context<'_, P>,
+        timer: &Timer<'_, WindowTimer>,
+        mut closed: impl FnMut(&mut Context<'_, P>, i64, i64, Accumulator) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
+        let WindowTimer::Flush = timer.name;
         let key = timer.key;
         let Some(mut windows) = ctx.get(&OPEN_WINDOWS, key)? else {
             return Ok(());
@@ -83,7 +91,7 @@ impl OpenWindows {
             let start = *entry.key();
             let end = start + self.size;
             if end > timer.time {
-                ctx.set_timer(key, FLUSH_TIMER, end);
+                ctx.set_timer(key, WindowTimer::Flush, end);
                 break;
             }
             closed(ctx, start, end, entry.remove())?;

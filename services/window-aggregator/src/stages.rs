@@ -21,13 +21,11 @@
 //! before its clock can close it. A partial's event time is its window's
 //! last millisecond, which is therefore never late there.
 
+use streams_runtime::prelude::*;
 use streams_runtime::window::{hopping_starts, tumbling_start};
-use streams_runtime::{
-    Context, InputStream, Pipeline, Processor, Record, StageLink, Timer, Topology, NO_WATERMARK,
-};
 
 use crate::model::{MarketplaceOrder, OrderWindowCount, WindowPartial, WINDOW_PARTIAL_SCHEMA};
-use crate::open_windows::{OpenWindows, OPEN_WINDOWS};
+use crate::open_windows::{OpenWindows, WindowTimer, STORES};
 use crate::settings::{GroupField, Settings, WindowShape};
 
 const SERVICE: &str = "window-aggregator";
@@ -47,7 +45,6 @@ pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
             |order: &MarketplaceOrder| order.order_time,
             |order| order,
         )?)
-        .store(OPEN_WINDOWS.name())
         .max_out_of_orderness(settings.max_out_of_orderness);
     let final_topology = Topology::new(
         SERVICE,
@@ -59,8 +56,7 @@ pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
         WINDOW_PARTIAL_SCHEMA,
         |partial: &WindowPartial| partial.window_end - 1,
         |partial| partial,
-    )?)
-    .store(OPEN_WINDOWS.name());
+    )?);
     let windows = OpenWindows { size: shape.size };
     Ok(Pipeline::new(
         settings.runtime,
@@ -96,10 +92,12 @@ pub struct PartialAggregator {
 impl Processor for PartialAggregator {
     type Input = MarketplaceOrder;
     type Output = WindowPartial;
+    type Timers = WindowTimer;
+    const STORES: &'static [&'static str] = STORES;
 
     fn process(
         &mut self,
-        ctx: &mut Context<'_, WindowPartial>,
+        ctx: &mut Context<'_, Self>,
         record: Record<'_, MarketplaceOrder>,
     ) -> anyhow::Result<()> {
         let order = record.value;
@@ -114,8 +112,8 @@ impl Processor for PartialAggregator {
 
     fn on_timer(
         &mut self,
-        ctx: &mut Context<'_, WindowPartial>,
-        timer: Timer<'_>,
+        ctx: &mut Context<'_, Self>,
+        timer: Timer<'_, WindowTimer>,
     ) -> anyhow::Result<()> {
         let group = group_of_key(timer.key);
         self.windows.flush(ctx, &timer, |ctx, start, end, window| {
@@ -140,10 +138,12 @@ pub struct FinalAggregator {
 impl Processor for FinalAggregator {
     type Input = WindowPartial;
     type Output = OrderWindowCount;
+    type Timers = WindowTimer;
+    const STORES: &'static [&'static str] = STORES;
 
     fn process(
         &mut self,
-        ctx: &mut Context<'_, OrderWindowCount>,
+        ctx: &mut Context<'_, Self>,
         record: Record<'_, WindowPartial>,
     ) -> anyhow::Result<()> {
         let partial = record.value;
@@ -156,8 +156,8 @@ impl Processor for FinalAggregator {
 
     fn on_timer(
         &mut self,
-        ctx: &mut Context<'_, OrderWindowCount>,
-        timer: Timer<'_>,
+        ctx: &mut Context<'_, Self>,
+        timer: Timer<'_, WindowTimer>,
     ) -> anyhow::Result<()> {
         let group = group_of_key(timer.key);
         self.windows.flush(ctx, &timer, |ctx, start, end, window| {

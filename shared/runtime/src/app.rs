@@ -1,36 +1,48 @@
 //! Running a service: startup checks, the processing loop, shutdown.
 //!
-//! A service binary parses its flags and calls [`run`] (or builds a
-//! [`Pipeline`] of several stages and runs it). Startup problems
+//! A service binary's `main` is [`service_main`]: it parses the flags and
+//! runs the service's [`Pipeline`] of one or more stages. Startup problems
 //! (broker unreachable, inputs not co-partitioned, a rejected schema, a taken
 //! port) end with one clear message and a non-zero exit code.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::Consumer;
+use clap::Parser;
 use rdkafka::ClientConfig;
 
-use crate::avro::{leak_schema, AvroEncoder, Registry};
-use crate::config::{LogFormat, ProcessingGuarantee, RuntimeArgs};
-use crate::delivery::Delivery;
-use crate::engine::{
-    Engine, EngineContext, EngineSettings, GroupConsumer, InputRuntime, RepartitionRuntime, Route,
-    Routes,
-};
+use crate::config::{LogFormat, RuntimeArgs};
+use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
-use crate::output::Output;
 use crate::processor::Processor;
-use crate::restore::Restorer;
-use crate::state::store::StateResources;
-use crate::task::{EventTimeSettings, InputKind};
-use crate::time::Idleness;
+use crate::startup::{prepare_stage, ServiceEnv};
+use crate::testing::{driver_stage, DriverEnv, DriverStage};
 use crate::topics::Admin;
-use crate::topology::{InputStream, Sink, Source, Topology};
+use crate::topology::Topology;
+
+/// The whole `main` of a service binary: parses its flags `S`, builds its
+/// pipeline with `build` and runs it. A flag error exits with clap's
+/// message; a build error with one line and a non-zero code.
+///
+/// ```no_run
+/// # #[derive(clap::Parser)] struct Settings { #[command(flatten)] runtime: streams_runtime::RuntimeArgs }
+/// # fn pipeline(settings: Settings) -> anyhow::Result<streams_runtime::Pipeline> { unimplemented!() }
+/// fn main() -> std::process::ExitCode {
+///     streams_runtime::service_main(pipeline)
+/// }
+/// ```
+pub fn service_main<S: Parser>(build: fn(S) -> anyhow::Result<Pipeline>) -> ExitCode {
+    match build(S::parse()) {
+        Ok(pipeline) => pipeline.run(),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// Sets up logging in the chosen format; `RUST_LOG` filters (default `info`).
 pub fn init_tracing(format: LogFormat) {
@@ -56,16 +68,6 @@ pub fn base_client_config(args: &RuntimeArgs) -> ClientConfig {
         config.set(key, value);
     }
     config
-}
-
-/// Runs `processor` over `topology` until SIGTERM/SIGINT; the exit code says
-/// whether it stopped cleanly.
-pub fn run<P: Processor>(
-    args: RuntimeArgs,
-    topology: Topology<P::Input>,
-    processor: P,
-) -> ExitCode {
-    Pipeline::new(args, topology, processor).run()
 }
 
 /// A service of one or more stages, each a processor over its own topology
@@ -118,6 +120,11 @@ impl Pipeline {
             processor,
         }));
         self
+    }
+
+    /// The flags, the service name and the stages, for the test driver.
+    pub(crate) fn into_parts(self) -> (RuntimeArgs, &'static str, Vec<Box<dyn StageSpec>>) {
+        (self.args, self.service, self.stages)
     }
 
     /// Runs every stage until SIGTERM/SIGINT; the exit code says whether the
@@ -205,57 +212,18 @@ impl Pipeline {
     }
 }
 
-/// What every stage of a service shares.
-struct ServiceEnv {
-    args: RuntimeArgs,
-    application_id: String,
-    runtime: tokio::runtime::Handle,
-    client_config: ClientConfig,
-    admin: Admin,
-    metrics: Arc<Metrics>,
-    shutdown: Arc<AtomicBool>,
-    /// The partition count of the stage that writes each link, by link name.
-    link_writers: HashMap<&'static str, usize>,
-}
-
-impl ServiceEnv {
-    /// The topic of each input, with how it reaches the stage's tasks.
-    fn resolve_sources<I>(&self, inputs: &[InputStream<I>]) -> anyhow::Result<Vec<SourceTopic>> {
-        inputs
-            .iter()
-            .map(|input| match &input.source {
-                Source::Topic(topic) => Ok(SourceTopic {
-                    topic: topic.clone(),
-                    co_partitioned: input.repartition.is_none(),
-                    link_writers: None,
-                }),
-                Source::Link(link) => {
-                    anyhow::ensure!(
-                        input.repartition.is_none(),
-                        "stage link {} cannot be repartitioned again",
-                        link.name
-                    );
-                    let writers = self.link_writers.get(link.name).copied().ok_or_else(|| {
-                        anyhow::anyhow!("stage link {} is written by no earlier stage", link.name)
-                    })?;
-                    Ok(SourceTopic {
-                        topic: link.topic(&self.application_id),
-                        co_partitioned: true,
-                        link_writers: Some(writers),
-                    })
-                }
-            })
-            .collect()
-    }
-}
-
-/// A stage before startup: checks its topics and builds its clients.
-trait StageSpec {
+/// A stage before startup: checks its topics and builds its clients, or
+/// becomes a stage of the test driver.
+pub(crate) trait StageSpec {
     fn prepare(self: Box<Self>, env: &mut ServiceEnv) -> anyhow::Result<Box<dyn PreparedStage>>;
+    fn into_driver_stage(
+        self: Box<Self>,
+        env: &mut DriverEnv,
+    ) -> anyhow::Result<Box<dyn DriverStage>>;
 }
 
 /// A stage ready to process: runs until shutdown.
-trait PreparedStage: Send {
+pub(crate) trait PreparedStage: Send {
     fn run(self: Box<Self>) -> anyhow::Result<()>;
 }
 
@@ -271,22 +239,6 @@ struct RunningStage<P: Processor> {
     shutdown: Arc<AtomicBool>,
 }
 
-/// A stable id for this instance's state directory, used in the
-/// transactional id so that a restarted instance fences its predecessor.
-fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
-    let path = state_dir.join("instance.id");
-    if let Ok(existing) = std::fs::read_to_string(&path) {
-        return Ok(existing.trim().to_string());
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos();
-    let id = format!("{:x}{:x}", nanos, std::process::id());
-    std::fs::write(&path, &id)
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-    Ok(id)
-}
-
 impl<P: Processor> StageSpec for Stage<P> {
     fn prepare(self: Box<Self>, env: &mut ServiceEnv) -> anyhow::Result<Box<dyn PreparedStage>> {
         let Stage {
@@ -294,237 +246,30 @@ impl<P: Processor> StageSpec for Stage<P> {
             topology,
             processor,
         } = *self;
-        let args = &env.args;
-        let admin = &env.admin;
-        let application_id = match name {
-            None => env.application_id.clone(),
-            Some(name) => format!("{}-{name}", env.application_id),
-        };
-        // Late records and idle inputs concern the service's input topics,
-        // which only the first stage reads. A later stage's clock follows the
-        // watermarks announced on its links (which already move with idleness
-        // upstream), except that an upstream task never heard from (its input
-        // partition received nothing) stops holding it back.
-        let first_stage = name.is_none();
-        let late_topic = args.late_topic.clone().filter(|_| first_stage);
-        let idleness = match args.idle_timeout.map(|d| d.as_std()) {
-            None => Idleness::Off,
-            Some(timeout) if first_stage => Idleness::Inputs(timeout),
-            Some(timeout) => Idleness::Upstreams(timeout),
-        };
-        let state_dir = args.state_dir.join(&application_id);
-        std::fs::create_dir_all(&state_dir).map_err(|e| {
-            anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())
-        })?;
-
-        // Startup checks: broker, inputs, co-partitioning.
-        let sources = env.resolve_sources(&topology.inputs)?;
-        let source_names: Vec<&str> = sources.iter().map(|s| s.topic.as_str()).collect();
-        let counts = admin.wait_for_topics(&source_names, args.topic_wait.as_std())?;
-        let partitions = co_partition_count(&sources, &counts)?;
-
-        // Internal and output topics.
-        let dlq_topic = format!("{}-dlq", env.application_id);
-        admin.ensure_topic(&dlq_topic, 1, &[])?;
-        if let Some(late) = &late_topic {
-            admin.ensure_topic(late, partitions, &[])?;
-        }
-        let (output_topic, link_partitions) = match &topology.sink {
-            Sink::Topic(topic) => {
-                admin.ensure_topic(topic, partitions, &[])?;
-                (topic.clone(), None)
-            }
-            Sink::Link(link) => {
-                let topic = link.topic(&env.application_id);
-                let expected = if link.single_partition { 1 } else { partitions };
-                let count = admin.ensure_topic(&topic, expected, &[])?;
-                anyhow::ensure!(
-                    count == expected,
-                    "stage link topic {topic} has {count} partitions, expected {expected}"
-                );
-                env.link_writers.insert(link.name, partitions);
-                (topic, Some(expected))
-            }
-        };
-        let store_names = topology.all_stores();
-        let changelog_topics: Vec<String> = store_names
-            .iter()
-            .map(|store| format!("{application_id}-{store}-changelog"))
-            .collect();
-        for topic in &changelog_topics {
-            let count = admin.ensure_topic(topic, partitions, &[("cleanup.policy", "compact")])?;
-            anyhow::ensure!(
-                count == partitions,
-                "changelog topic {topic} has {count} partitions but the inputs have {partitions}; \
-                 the partition count of a stateful application cannot change (use a new --application-id)"
-            );
-        }
-
-        // Schemas: the output's is registered once, here.
-        let registry = Registry::new(&args.schema_registry_url, env.runtime.clone())?;
-        let output_schema = leak_schema(&topology.output_schema)?;
-        let subject = format!("{output_topic}-value");
-        let schema_id = registry
-            .register(&subject, &topology.output_schema)
-            .map_err(|e| {
-                anyhow::anyhow!("cannot register the output schema under {subject}: {e}")
-            })?;
-        let encoder = AvroEncoder::new(output_schema, schema_id)?;
-
-        // Routes and inputs.
-        let (topics, inputs) = wire_inputs(
-            topology.inputs,
-            &sources,
-            &counts,
-            admin,
-            &application_id,
-            partitions,
-        )?;
-
-        // Clients.
-        let transactional_id = match args.processing_guarantee {
-            ProcessingGuarantee::ExactlyOnceV2 => {
-                Some(format!("{application_id}-{}", instance_id(&state_dir)?))
-            }
-            ProcessingGuarantee::AtLeastOnce => None,
-        };
-        let delivery = Delivery::new(env.client_config.clone(), transactional_id.as_deref())?;
-        let restorer = Restorer::new(&env.client_config, &application_id)?;
-        let settings = EngineSettings {
-            guarantee: args.processing_guarantee,
-            commit_interval: args.commit_interval.as_std(),
-            event_time: EventTimeSettings {
-                max_out_of_orderness: topology.max_out_of_orderness,
-                idleness,
-            },
-            max_task_idle: args.max_task_idle.as_std(),
-            late_topic,
-            dlq_topic,
-            state_dir,
-            store_names,
-            changelog_topics,
-            link_partitions,
-        };
-        let memory_limit =
-            usize::try_from(args.state_memory_limit.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-        let engine = Engine::new(
-            settings,
-            processor,
-            inputs,
-            topics.clone(),
-            Output::new(delivery, output_topic, encoder),
-            registry,
-            StateResources::new(memory_limit),
-            restorer,
-            env.metrics.add_stage(name),
-            env.shutdown.clone(),
-        );
-
-        let mut consumer_config = env.client_config.clone();
-        consumer_config
-            .set("group.id", &application_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("partition.assignment.strategy", "range")
-            .set("enable.partition.eof", "false");
-        let context = EngineContext {
-            engine: Mutex::new(Some(engine)),
-        };
-        let consumer: GroupConsumer<P> = consumer_config
-            .create_with_context(context)
-            .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
-        let subscription: Vec<&str> = topics.iter().map(|(t, _)| t.as_str()).collect();
-        consumer.subscribe(&subscription)?;
-        tracing::info!(
-            application_id,
-            partitions,
-            topics = ?subscription,
-            guarantee = ?args.processing_guarantee,
-            "started"
-        );
+        let consumer = prepare_stage(env, name, topology, processor)?;
         Ok(Box::new(RunningStage {
             consumer,
             shutdown: env.shutdown.clone(),
         }))
     }
+
+    fn into_driver_stage(
+        self: Box<Self>,
+        env: &mut DriverEnv,
+    ) -> anyhow::Result<Box<dyn DriverStage>> {
+        let Stage {
+            name,
+            topology,
+            processor,
+        } = *self;
+        driver_stage(env, name, topology, processor)
+    }
 }
 
 impl<P: Processor> PreparedStage for RunningStage<P> {
     fn run(self: Box<Self>) -> anyhow::Result<()> {
-        let RunningStage { consumer, shutdown } = *self;
-        let result = process_until_shutdown(&consumer, &shutdown);
-        let closed = {
-            let mut guard = consumer.context().engine.lock().unwrap();
-            match &result {
-                Ok(()) => guard
-                    .as_mut()
-                    .map_or(Ok(()), |engine| engine.close(&consumer)),
-                // After a failure the tasks hold uncommitted, possibly half-done
-                // work: drop the engine unseen, so that leaving the group (whose
-                // revocation would commit) commits nothing. The next owner
-                // starts from the last commit.
-                Err(_) => {
-                    guard.take();
-                    Ok(())
-                }
-            }
-        };
-        // Leaving the group serves the revocation callback, which must find the
-        // engine unlocked.
-        consumer.unsubscribe();
-        drop(consumer);
-        result.and(closed)
+        run_stage(self.consumer, &self.shutdown)
     }
-}
-
-/// Records handled between two checks of timers, idleness and the commit interval.
-const MAX_BATCH: usize = 1_000;
-
-/// The main loop. The engine's lock is never held while polling, because
-/// rebalance callbacks run inside `poll` and take it.
-fn process_until_shutdown<P: Processor>(
-    consumer: &GroupConsumer<P>,
-    shutdown: &AtomicBool,
-) -> anyhow::Result<()> {
-    let mut last_poll_error = None::<std::time::Instant>;
-    while !shutdown.load(Ordering::Relaxed) {
-        // Wait briefly for the first record, then take what is already there.
-        let mut timeout = Duration::from_millis(20);
-        for _ in 0..MAX_BATCH {
-            let Some(polled) = consumer.poll(timeout) else {
-                break;
-            };
-            timeout = Duration::ZERO;
-            let mut guard = consumer.context().engine.lock().unwrap();
-            let engine = guard.as_mut().expect("engine present while running");
-            if let Some(error) = engine.fatal.take() {
-                return Err(error);
-            }
-            match polled {
-                Ok(message) => engine.handle(&message)?,
-                Err(error) => {
-                    if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
-                        tracing::warn!(%error, "consumer error (retrying)");
-                        last_poll_error = Some(std::time::Instant::now());
-                    }
-                    break;
-                }
-            }
-            if engine.commit_due() {
-                break;
-            }
-        }
-        let mut guard = consumer.context().engine.lock().unwrap();
-        let engine = guard.as_mut().expect("engine present while running");
-        if let Some(error) = engine.fatal.take() {
-            return Err(error);
-        }
-        engine.tick(consumer)?;
-    }
-    tracing::info!("shutdown requested; committing and closing");
-    Ok(())
 }
 
 async fn wait_for_signal(shutdown: Arc<AtomicBool>) {
@@ -535,103 +280,4 @@ async fn wait_for_signal(shutdown: Arc<AtomicBool>) {
         _ = terminate.recv() => {}
     }
     shutdown.store(true, Ordering::Relaxed);
-}
-
-/// The consumer's routes (topic → what to do) and the engine's inputs: a
-/// direct input goes to its task, a repartitioned one through its
-/// repartition topic, a stage link is read like a repartition topic.
-fn wire_inputs<I>(
-    inputs: Vec<InputStream<I>>,
-    sources: &[SourceTopic],
-    counts: &HashMap<String, usize>,
-    admin: &Admin,
-    application_id: &str,
-    partitions: usize,
-) -> anyhow::Result<(Routes, Vec<InputRuntime<I>>)> {
-    let mut topics = Vec::new();
-    let mut runtimes = Vec::with_capacity(inputs.len());
-    for (slot, (input, source)) in inputs.into_iter().zip(sources).enumerate() {
-        let (kind, repartition) = match input.repartition {
-            None => {
-                topics.push((
-                    source.topic.clone(),
-                    match source.link_writers {
-                        None => Route::Direct { slot },
-                        Some(_) => Route::Repartitioned { slot },
-                    },
-                ));
-                let kind = match source.link_writers {
-                    None => InputKind::Direct,
-                    Some(upstream_partitions) => InputKind::Repartitioned {
-                        upstream_partitions,
-                    },
-                };
-                (kind, None)
-            }
-            Some(repartition) => {
-                let topic = format!("{application_id}-{}-repartition", repartition.name);
-                let count = admin.ensure_topic(&topic, partitions, &[])?;
-                anyhow::ensure!(
-                    count == partitions,
-                    "repartition topic {topic} has {count} partitions, expected {partitions}"
-                );
-                let upstream_partitions = counts[&source.topic];
-                topics.push((source.topic.clone(), Route::Upstream { slot }));
-                topics.push((topic.clone(), Route::Repartitioned { slot }));
-                let runtime = RepartitionRuntime {
-                    topic,
-                    key_of: repartition.key_of,
-                    downstream_partitions: partitions,
-                };
-                (
-                    InputKind::Repartitioned {
-                        upstream_partitions,
-                    },
-                    Some(runtime),
-                )
-            }
-        };
-        runtimes.push(InputRuntime {
-            decode: input.decode,
-            kind,
-            repartition,
-        });
-    }
-    Ok((topics, runtimes))
-}
-
-/// One input topic of a stage, resolved.
-struct SourceTopic {
-    topic: String,
-    /// Whether partition *p* goes to task *p* (not re-keyed first).
-    co_partitioned: bool,
-    /// For a stage link: the writing stage's partition count.
-    link_writers: Option<usize>,
-}
-
-/// The partition count every co-partitioned input shares; inputs that
-/// disagree make the service refuse to start.
-fn co_partition_count(
-    sources: &[SourceTopic],
-    counts: &HashMap<String, usize>,
-) -> anyhow::Result<usize> {
-    let direct: Vec<(&str, usize)> = sources
-        .iter()
-        .filter(|s| s.co_partitioned)
-        .map(|s| (s.topic.as_str(), counts[&s.topic]))
-        .collect();
-    if let Some((_, first)) = direct.first() {
-        if direct.iter().any(|(_, count)| count != first) {
-            let listing: Vec<String> = direct
-                .iter()
-                .map(|(topic, count)| format!("{topic} has {count}"))
-                .collect();
-            anyhow::bail!(
-                "input topics are not co-partitioned: {}; they must have the same number of partitions",
-                listing.join(", ")
-            );
-        }
-        return Ok(*first);
-    }
-    Ok(counts.values().copied().max().unwrap_or(1))
 }

@@ -1,38 +1,47 @@
 //! A Kafka Streams-style processor runtime.
 //!
 //! A service describes its data flow as a [`Topology`] and its domain logic as
-//! a [`Processor`]; [`run`] does the rest: consuming as a consumer group, Avro
-//! in the Confluent wire format, keyed state in RocksDB with changelogs,
-//! event-time watermarks and timers, dead-lettering, and exactly-once or
-//! at-least-once delivery.
+//! a [`Processor`]; [`service_main`] does the rest: consuming as a consumer
+//! group, Avro in the Confluent wire format, keyed state in RocksDB with
+//! changelogs, event-time watermarks and timers, dead-lettering, and
+//! exactly-once or at-least-once delivery. [`testing`] runs the same
+//! processor and topology without a broker, for tests.
 //!
 //! # Layout
 //!
 //! * [`processor`]: the API a service implements — `Processor`, `Record`,
-//!   `Timer`, `Context`, and the named state handles `ValueState` and `MapState`.
-//! * [`topology`]: inputs (with optional repartitioning), output, stores, and
-//!   the links between the stages of a pipeline.
-//! * [`config`]: the flags every service shares.
-//! * [`duration`]: human-readable durations for flags.
-//! * [`avro`]: wire format, schema registry client and caches, decoders and encoders.
+//!   `Timer`, `Context`, the named state handles `ValueState` and `MapState`,
+//!   and the `stores!` and `timer_names!` declarations.
+//! * [`topology`]: inputs (with optional repartitioning), output, and the
+//!   links between the stages of a pipeline.
+//! * [`config`]: the flags every service shares; [`duration`]: durations for flags.
+//! * [`avro`]: wire format, schema registry client and caches, decoders and
+//!   encoders; [`avro::json`]: Avro values as JSON lines.
 //! * [`state`]: RocksDB per task with an overlay of uncommitted changes; value
 //!   and key encodings.
-//! * [`time`]: partition and task watermarks, the timer queue.
+//! * [`time`]: partition and task watermarks, timers of both time domains;
+//!   `watermark`: the watermark formula and its headers on the wire;
+//!   `clock`: wall-clock time (the system's, or the test driver's).
 //! * [`window`]: epoch-anchored tumbling and hopping window arithmetic.
 //! * `task`: one partition's processor, state, clocks and timers; the order of work.
-//! * `engine`: the processing loop — routing, repartitioning, dead letters;
-//!   `engine::commit` (commits and rollbacks) and `engine::lifecycle` (tasks
-//!   on rebalances).
+//! * `engine`: a stage's processing core — routing, repartitioning, dead
+//!   letters, commits as state sees them — writing into a `collector`;
+//!   `engine::kafka_stage` runs it on a consumer group (poll loop, producer,
+//!   transactions, rebalances).
+//! * `output`: encoding results; `collector`: what a stage writes, before a producer.
 //! * [`delivery`]: the producer, delivery reports and transactions.
-//! * `output`: encoding and producing results to the output topic.
 //! * `restore`: rebuilding task state from changelog topics.
-//! * [`topics`]: startup checks and topic creation.
+//! * `startup`: topic checks and creation, building a stage.
+//! * [`admin`]: client configuration and topic administration (also for `streamctl`).
 //! * [`metrics`] and `http`: what operators see.
-//! * `app`: [`run`] and [`Pipeline`] (services of several stages), which
-//!   wire it all together.
+//! * `app`: [`service_main`] and [`Pipeline`], which wire it all together.
+//! * [`testing`]: the broker-free test driver.
+//! * [`prelude`]: what a service imports.
 
 mod app;
 pub mod avro;
+mod clock;
+mod collector;
 pub mod config;
 pub mod delivery;
 pub mod duration;
@@ -42,17 +51,36 @@ pub mod metrics;
 mod output;
 pub mod processor;
 mod restore;
+mod startup;
 pub mod state;
 mod task;
+pub mod testing;
 pub mod time;
-pub mod topics;
+mod topics;
 pub mod topology;
+mod watermark;
 pub mod window;
 
-pub use app::{base_client_config, init_tracing, run, Pipeline};
+/// Client configuration and topic administration, for tools such as `streamctl`.
+pub mod admin {
+    pub use crate::app::{base_client_config, init_tracing};
+    pub use crate::topics::*;
+}
+
+pub use app::{service_main, Pipeline};
 pub use config::RuntimeArgs;
 pub use duration::HumanDuration;
-pub use processor::{Context, MapState, Processor, Record, Timer, ValueState};
+pub use processor::{Context, MapState, NoTimers, Processor, Record, Timer, TimerName, ValueState};
 pub use state::codec::MapKey;
-pub use time::NO_WATERMARK;
+pub use time::{TimeDomain, NO_WATERMARK};
 pub use topology::{InputStream, StageLink, Topology};
+
+/// What a service's processor and topology code imports.
+pub mod prelude {
+    pub use crate::processor::{
+        Context, MapState, NoTimers, Processor, Record, Timer, TimerName, ValueState,
+    };
+    pub use crate::time::{TimeDomain, NO_WATERMARK};
+    pub use crate::topology::{InputStream, StageLink, Topology};
+    pub use crate::{service_main, stores, timer_names, HumanDuration, Pipeline, RuntimeArgs};
+}

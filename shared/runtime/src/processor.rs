@@ -1,28 +1,36 @@
 //! The Processor API: what a service implements, and what it may touch.
 //!
 //! A service is a [`Processor`]: `process` is called for every on-time input
-//! record and `on_timer` for every event-time timer that comes due. Everything
-//! else — consuming, decoding, watermarks, state persistence, changelogs,
+//! record and `on_timer` for every timer that comes due. Everything else —
+//! consuming, decoding, watermarks, state persistence, changelogs,
 //! transactions, rebalances — belongs to the runtime. Like Kafka Streams'
 //! Processor API, the domain code only sees an immutable [`Record`], a
-//! [`Timer`] and a [`Context`] with named keyed state, timers, the watermark and
-//! `emit`.
+//! [`Timer`] and a [`Context`] with named keyed state, timers, the watermark,
+//! the wall clock and `emit`.
 //!
 //! One processor instance exists per task (input partition), cloned from the
 //! one the service hands to the runtime; keep all durable data in the
 //! context's state, never in fields.
+//!
+//! Stores are declared once, with [`stores!`](crate::stores), which also
+//! lists them for the processor's [`Processor::STORES`]; timer names are an
+//! enum declared with [`timer_names!`](crate::timer_names), so `on_timer`
+//! matches them exhaustively.
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::output::Output;
+use crate::collector::Collector;
+use crate::output::OutputEncoder;
 use crate::state::codec::{decode_value, encode_value, map_prefix, MapKey};
 use crate::state::store::{StoreIndex, TaskStore};
-use crate::time::{TimerEntry, TimerQueue, NO_WATERMARK};
+use crate::time::{TaskTimers, TimeDomain, NO_WATERMARK};
+use crate::watermark::Announcement;
 
 /// Domain logic of a service.
 pub trait Processor: Clone + Send + 'static {
@@ -30,19 +38,27 @@ pub trait Processor: Clone + Send + 'static {
     type Input: Send + 'static;
     /// The value written to the output topic.
     type Output: Serialize;
+    /// The names of this processor's timers (see [`timer_names!`](crate::timer_names)).
+    type Timers: TimerName;
+
+    /// The state stores this processor uses, as listed by
+    /// [`stores!`](crate::stores). The runtime opens exactly these (plus its
+    /// own), each with a changelog topic.
+    const STORES: &'static [&'static str];
 
     /// Handles one input record that is not late.
     fn process(
         &mut self,
-        ctx: &mut Context<'_, Self::Output>,
+        ctx: &mut Context<'_, Self>,
         record: Record<'_, Self::Input>,
     ) -> anyhow::Result<()>;
 
-    /// Handles a timer that came due (the watermark reached its time).
+    /// Handles a timer that came due: an event-time timer when the watermark
+    /// reached its time, a wall-clock timer when the clock did.
     fn on_timer(
         &mut self,
-        ctx: &mut Context<'_, Self::Output>,
-        timer: Timer<'_>,
+        ctx: &mut Context<'_, Self>,
+        timer: Timer<'_, Self::Timers>,
     ) -> anyhow::Result<()>;
 
     /// Whether a record at `event_time` is late against the task watermark as
@@ -51,6 +67,105 @@ pub trait Processor: Clone + Send + 'static {
     fn is_late(&self, event_time: i64, watermark: i64) -> bool {
         watermark != NO_WATERMARK && event_time < watermark
     }
+}
+
+/// The names of a processor's timers: an enum, so that `on_timer` can match
+/// every name and the compiler finds the one forgotten. The text of a name is
+/// stored with the timer and must never change.
+pub trait TimerName: Copy + Eq + Debug + Send + 'static {
+    /// The stored text of this name.
+    fn name(self) -> &'static str;
+    /// The name whose stored text is `text`.
+    fn from_name(text: &str) -> Option<Self>;
+}
+
+/// Timer names of a processor that sets no timers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoTimers {}
+
+impl TimerName for NoTimers {
+    fn name(self) -> &'static str {
+        match self {}
+    }
+    fn from_name(_: &str) -> Option<Self> {
+        None
+    }
+}
+
+/// Declares an enum of timer names and implements [`TimerName`] for it.
+///
+/// ```
+/// streams_runtime::timer_names! {
+///     /// The joiner's timers.
+///     pub enum JoinTimer {
+///         /// A buffered order expires.
+///         OrderExpiry = "order-expiry",
+///         ShipmentExpiry = "shipment-expiry",
+///     }
+/// }
+/// use streams_runtime::TimerName;
+/// assert_eq!(JoinTimer::from_name("order-expiry"), Some(JoinTimer::OrderExpiry));
+/// assert_eq!(JoinTimer::ShipmentExpiry.name(), "shipment-expiry");
+/// ```
+#[macro_export]
+macro_rules! timer_names {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $enum:ident {
+            $($(#[$variant_meta:meta])* $variant:ident = $text:literal),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $enum {
+            $($(#[$variant_meta])* $variant),+
+        }
+
+        impl $crate::TimerName for $enum {
+            fn name(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $text),+
+                }
+            }
+
+            fn from_name(text: &str) -> Option<Self> {
+                match text {
+                    $($text => Some($enum::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+/// Declares state stores — each a `const` handle with its permanent name —
+/// and a `STORES` list of their names for [`Processor::STORES`], so that a
+/// store cannot be used without being opened.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use streams_runtime::{MapState, ValueState};
+///
+/// streams_runtime::stores! {
+///     /// Open sessions by user.
+///     pub SESSIONS: ValueState<String> = "sessions";
+///     /// Readings by window start.
+///     READINGS: MapState<i64, f64> = "readings";
+/// }
+/// assert_eq!(STORES, &["sessions", "readings"]);
+/// assert_eq!(SESSIONS.name(), "sessions");
+/// ```
+#[macro_export]
+macro_rules! stores {
+    (
+        $($(#[$meta:meta])* $vis:vis $name:ident : $kind:ident < $($arg:ty),+ > = $text:literal;)+
+    ) => {
+        $($(#[$meta])* $vis const $name: $kind<$($arg),+> = $kind::new($text);)+
+
+        /// Every store declared here, for `Processor::STORES`.
+        #[allow(dead_code)]
+        pub const STORES: &[&str] = &[$($text),+];
+    };
 }
 
 /// One input record, as the processor sees it.
@@ -66,18 +181,20 @@ pub struct Record<'a, I> {
 
 /// A timer that came due.
 #[derive(Debug, Clone, Copy)]
-pub struct Timer<'a> {
+pub struct Timer<'a, N> {
     /// The key the timer was registered for.
     pub key: &'a str,
     /// The timer's name.
-    pub name: &'a str,
-    /// The event time it was set for.
+    pub name: N,
+    /// The time it was set for (event time or wall-clock epoch milliseconds).
     pub time: i64,
+    /// Which clock it was set on.
+    pub domain: TimeDomain,
 }
 
-/// A named store of one value per key. Declare it as a `const` and list its
-/// name in the topology; the name is the store's identity on disk and in its
-/// changelog topic, so it must never change.
+/// A named store of one value per key. Declare it with
+/// [`stores!`](crate::stores); the name is the store's identity on disk and
+/// in its changelog topic, so it must never change.
 #[derive(Debug)]
 pub struct ValueState<T> {
     name: &'static str,
@@ -85,7 +202,8 @@ pub struct ValueState<T> {
 }
 
 impl<T> ValueState<T> {
-    /// A store named `name`.
+    /// A store named `name` (use [`stores!`](crate::stores), which also lists it).
+    #[doc(hidden)]
     pub const fn new(name: &'static str) -> Self {
         ValueState {
             name,
@@ -108,7 +226,8 @@ pub struct MapState<K, V> {
 }
 
 impl<K, V> MapState<K, V> {
-    /// A store named `name`.
+    /// A store named `name` (use [`stores!`](crate::stores), which also lists it).
+    #[doc(hidden)]
     pub const fn new(name: &'static str) -> Self {
         MapState {
             name,
@@ -123,27 +242,37 @@ impl<K, V> MapState<K, V> {
 }
 
 /// What a processor may do while handling a record or a timer.
-pub struct Context<'a, O> {
+pub struct Context<'a, P: Processor> {
     pub(crate) store: &'a mut TaskStore,
-    pub(crate) timers: &'a mut TimerQueue,
+    pub(crate) timers: &'a mut TaskTimers,
     pub(crate) timer_store: StoreIndex,
     pub(crate) watermark: i64,
-    pub(crate) output: &'a mut Output,
+    pub(crate) now_ms: i64,
+    pub(crate) collector: &'a mut Collector,
+    pub(crate) output: &'a OutputEncoder,
+    /// The watermark that results carry when they feed another stage.
+    pub(crate) stamp: Option<Announcement>,
     pub(crate) counters: &'a mut BTreeMap<&'static str, u64>,
     pub(crate) shutdown: &'a AtomicBool,
-    pub(crate) _output: PhantomData<fn(O)>,
+    pub(crate) _processor: PhantomData<fn(&P)>,
 }
 
-impl<O: Serialize> Context<'_, O> {
+impl<P: Processor> Context<'_, P> {
     /// The task watermark; [`NO_WATERMARK`] until every input has delivered.
     pub fn watermark(&self) -> i64 {
         self.watermark
     }
 
+    /// Wall-clock time in epoch milliseconds (processing time), read once
+    /// per batch of work; the test driver's clock in tests.
+    pub fn now(&self) -> i64 {
+        self.now_ms
+    }
+
     /// Writes `value` to the output topic with `key` (partitioned by murmur2
-    /// of the key, like the Java client).
-    pub fn emit(&mut self, key: Option<&str>, value: &O) -> anyhow::Result<()> {
-        self.output.emit(key, value)
+    /// of the key, like the Java client; keyless results go to partition 0).
+    pub fn emit(&mut self, key: Option<&str>, value: &P::Output) -> anyhow::Result<()> {
+        self.output.emit(self.collector, key, value, self.stamp)
     }
 
     /// Whether the service has been asked to stop. Processor code that waits
@@ -160,9 +289,9 @@ impl<O: Serialize> Context<'_, O> {
     }
 
     fn index(&self, name: &str) -> StoreIndex {
-        self.store
-            .index_of(name)
-            .unwrap_or_else(|| panic!("state store '{name}' is not declared in the topology"))
+        self.store.index_of(name).unwrap_or_else(|| {
+            panic!("state store '{name}' is missing from the processor's STORES")
+        })
     }
 
     /// The value of `state` for `key`.
@@ -274,29 +403,61 @@ impl<O: Serialize> Context<'_, O> {
             .collect()
     }
 
-    /// Sets the timer `name` of `key` to fire when the watermark reaches `time`,
-    /// replacing any earlier setting. A time at or before the current
-    /// watermark fires at the next watermark advance.
-    pub fn set_timer(&mut self, key: &str, name: &str, time: i64) {
-        if let Some(previous) = self.timers.set(key, name, time) {
-            self.store.delete(self.timer_store, previous.store_key());
+    /// Sets the event-time timer `name` of `key` to fire when the watermark
+    /// reaches `time`, replacing any earlier setting. A time at or before the
+    /// current watermark fires at the next watermark advance.
+    pub fn set_timer(&mut self, key: &str, name: P::Timers, time: i64) {
+        self.set_in(TimeDomain::EventTime, key, name, time);
+    }
+
+    /// Clears the event-time timer `name` of `key`, if set.
+    pub fn clear_timer(&mut self, key: &str, name: P::Timers) {
+        self.clear_in(TimeDomain::EventTime, key, name);
+    }
+
+    /// The time the event-time timer `name` of `key` is set for.
+    pub fn timer(&self, key: &str, name: P::Timers) -> Option<i64> {
+        self.timers
+            .queue(TimeDomain::EventTime)
+            .get(key, name.name())
+    }
+
+    /// Sets the wall-clock timer `name` of `key` to fire once [`now`](Self::now)
+    /// reaches `at` (epoch milliseconds), like Kafka Streams' `WALL_CLOCK_TIME`
+    /// punctuation; replaces any earlier setting.
+    pub fn set_wall_clock_timer(&mut self, key: &str, name: P::Timers, at: i64) {
+        self.set_in(TimeDomain::WallClock, key, name, at);
+    }
+
+    /// Clears the wall-clock timer `name` of `key`, if set.
+    pub fn clear_wall_clock_timer(&mut self, key: &str, name: P::Timers) {
+        self.clear_in(TimeDomain::WallClock, key, name);
+    }
+
+    /// The time the wall-clock timer `name` of `key` is set for.
+    pub fn wall_clock_timer(&self, key: &str, name: P::Timers) -> Option<i64> {
+        self.timers
+            .queue(TimeDomain::WallClock)
+            .get(key, name.name())
+    }
+
+    fn set_in(&mut self, domain: TimeDomain, key: &str, name: P::Timers, time: i64) {
+        let name = name.name();
+        if let Some(previous) = self.timers.queue_mut(domain).set(key, name, time) {
+            self.store
+                .delete(self.timer_store, previous.store_key(domain));
         }
         self.store.put(
             self.timer_store,
-            TimerEntry::store_key_of(time, key, name),
+            crate::time::TimerEntry::store_key_of(domain, time, key, name),
             Vec::new(),
         );
     }
 
-    /// Clears the timer `name` of `key`, if set.
-    pub fn clear_timer(&mut self, key: &str, name: &str) {
-        if let Some(previous) = self.timers.remove(key, name) {
-            self.store.delete(self.timer_store, previous.store_key());
+    fn clear_in(&mut self, domain: TimeDomain, key: &str, name: P::Timers) {
+        if let Some(previous) = self.timers.queue_mut(domain).remove(key, name.name()) {
+            self.store
+                .delete(self.timer_store, previous.store_key(domain));
         }
-    }
-
-    /// The time the timer `name` of `key` is set for.
-    pub fn timer(&self, key: &str, name: &str) -> Option<i64> {
-        self.timers.get(key, name)
     }
 }

@@ -1,31 +1,41 @@
 //! A task: one partition of every co-partitioned input, its processor
 //! instance, its state, its clocks and its timers.
 //!
-//! The task applies SPEC.md's order of work for each record: (1) the lateness
-//! check against the watermark as it was before the record, (2) the partition
-//! clock and task watermark advance and every timer now due fires in time
-//! order, (3) the record is processed.
+//! The task applies the order of work of docs/services/README.md for each
+//! record: (1) the lateness check against the watermark as it was before the
+//! record, (2) the partition clock and task watermark advance and every timer
+//! now due fires in time order, (3) the record is processed.
+//!
+//! A record of a shuffled input (repartition topic or stage link) carries its
+//! writer's watermark: the task judges lateness before taking it in, exactly
+//! as it would judge the record on its source partition, so lateness and
+//! timers do not depend on when upstream tasks commit.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::output::Output;
-use crate::processor::{Context, Processor, Record, Timer};
+use crate::clock::Now;
+use crate::collector::Collector;
+use crate::output::OutputEncoder;
+use crate::processor::{Context, Processor, Record, Timer, TimerName};
 use crate::state::store::{StoreIndex, TaskStore};
 use crate::time::{
-    task_watermark, Idleness, InputClock, PartitionClock, TimerEntry, TimerQueue, NO_WATERMARK,
+    task_watermark, Idleness, InputClock, PartitionClock, TaskTimers, TimeDomain, TimerEntry,
+    NO_WATERMARK,
 };
-use crate::topology::{TIMER_STORE, WATERMARK_STORE};
+use crate::topology::{PROGRESS_STORE, TIMER_STORE};
+use crate::watermark::Announcement;
 
 /// How one input reaches a task.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum InputKind {
     /// Partition *p* of a source topic.
     Direct,
-    /// Partition *p* of a repartition topic written by this many upstream tasks.
-    Repartitioned { upstream_partitions: usize },
+    /// Partition *p* of an internal topic — a repartition topic or a stage
+    /// link — written by this many upstream tasks, whose watermarks it carries.
+    Shuffled { writers: usize },
 }
 
 /// How event time advances: the same for every task of an instance.
@@ -37,10 +47,13 @@ pub(crate) struct EventTimeSettings {
 
 /// What the task borrows from the engine to run processor code.
 pub(crate) struct TaskEnv<'a> {
-    pub output: &'a mut Output,
+    pub collector: &'a mut Collector,
+    pub output: &'a OutputEncoder,
+    /// Whether results feed another stage (and so carry the task's watermark).
+    pub feeds_stage: bool,
     pub time: EventTimeSettings,
     /// Wall-clock time of this batch of work (read once, not per record).
-    pub now: Instant,
+    pub now: Now,
     /// Set when the service is asked to stop.
     pub shutdown: &'a AtomicBool,
 }
@@ -62,11 +75,12 @@ pub(crate) enum Pending<I> {
         origin: Origin,
         /// The original value bytes, kept only when late records are copied.
         raw: Option<Vec<u8>>,
+        /// A shuffled input's record: its writer's watermark.
+        stamp: Option<Announcement>,
     },
-    /// A watermark announcement from upstream task `source`.
+    /// A watermark announcement from an upstream task.
     Announcement {
-        source: usize,
-        watermark: i64,
+        announcement: Announcement,
         origin: Origin,
     },
     /// A record already dead-lettered: only its offset remains to be passed.
@@ -104,16 +118,19 @@ pub(crate) struct Task<P: Processor> {
     pub partition: i32,
     processor: P,
     pub store: TaskStore,
-    timers: TimerQueue,
+    timers: TaskTimers,
     clocks: Vec<InputClock>,
     kinds: Vec<InputKind>,
     watermark: i64,
     clocks_dirty: bool,
     timer_store: StoreIndex,
-    watermark_store: StoreIndex,
+    progress_store: StoreIndex,
     pub counters: BTreeMap<&'static str, u64>,
     buffers: Vec<VecDeque<Pending<P::Input>>>,
-    blocked_since: Option<Instant>,
+    blocked_since: Option<std::time::Instant>,
+    /// The watermark before the entry being handled: what results written
+    /// meanwhile promise the next stage.
+    stamp_watermark: i64,
     /// The watermark last announced to the next stage, if the output is a
     /// stage link.
     pub announced: Option<i64>,
@@ -134,7 +151,7 @@ fn upstream_key(slot: usize, source: usize) -> Vec<u8> {
     key
 }
 
-/// The key of an input partition's next offset in the watermark store.
+/// The key of an input partition's next offset in the progress store.
 fn position_key(topic: &str) -> Vec<u8> {
     let mut key = vec![b'P'];
     key.extend_from_slice(topic.as_bytes());
@@ -147,7 +164,7 @@ pub(crate) fn stored_positions(
     store: &mut TaskStore,
     topics: &[&str],
 ) -> anyhow::Result<Vec<Option<i64>>> {
-    let index = store.index_of(WATERMARK_STORE).expect("watermark store");
+    let index = store.index_of(PROGRESS_STORE).expect("progress store");
     topics
         .iter()
         .map(|topic| read_i64(store, index, &position_key(topic)))
@@ -167,55 +184,56 @@ impl<P: Processor> Task<P> {
         processor: P,
         store: TaskStore,
         kinds: &[InputKind],
+        now: Now,
     ) -> anyhow::Result<Self> {
         let timer_store = store.index_of(TIMER_STORE).expect("timer store");
-        let watermark_store = store.index_of(WATERMARK_STORE).expect("watermark store");
+        let progress_store = store.index_of(PROGRESS_STORE).expect("progress store");
         let mut task = Task {
             partition,
             processor,
             store,
-            timers: TimerQueue::default(),
+            timers: TaskTimers::default(),
             clocks: Vec::new(),
             kinds: kinds.to_vec(),
             watermark: NO_WATERMARK,
             clocks_dirty: false,
             timer_store,
-            watermark_store,
+            progress_store,
             counters: BTreeMap::new(),
             buffers: kinds.iter().map(|_| VecDeque::new()).collect(),
             blocked_since: None,
+            stamp_watermark: NO_WATERMARK,
             announced: None,
         };
-        task.load()?;
+        task.load(now)?;
         Ok(task)
     }
 
     /// (Re)loads timers and clocks from committed state.
-    fn load(&mut self) -> anyhow::Result<()> {
-        self.timers = TimerQueue::default();
+    fn load(&mut self, now: Now) -> anyhow::Result<()> {
+        self.timers = TaskTimers::default();
         for (key, _) in self.store.scan_prefix(self.timer_store, &[])? {
-            self.timers.load(TimerEntry::from_store_key(&key)?);
+            let (domain, entry) = TimerEntry::from_store_key(&key)?;
+            self.timers.queue_mut(domain).load(entry);
         }
-        let now = Instant::now();
+        let now = now.instant;
         self.clocks.clear();
         for (slot, kind) in self.kinds.iter().enumerate() {
             let clock = match kind {
                 InputKind::Direct => {
-                    let mut clock = InputClock::direct();
+                    let mut clock = InputClock::direct(now);
                     if let Some(max) =
-                        read_i64(&mut self.store, self.watermark_store, &direct_key(slot))?
+                        read_i64(&mut self.store, self.progress_store, &direct_key(slot))?
                     {
                         clock.observe(max, now);
                     }
                     clock
                 }
-                InputKind::Repartitioned {
-                    upstream_partitions,
-                } => {
-                    let mut clock = InputClock::repartitioned(*upstream_partitions);
-                    for source in 0..*upstream_partitions {
+                InputKind::Shuffled { writers } => {
+                    let mut clock = InputClock::shuffled(*writers, now);
+                    for source in 0..*writers {
                         let key = upstream_key(slot, source);
-                        if let Some(wm) = read_i64(&mut self.store, self.watermark_store, &key)? {
+                        if let Some(wm) = read_i64(&mut self.store, self.progress_store, &key)? {
                             clock.announce(source, wm, now);
                         }
                     }
@@ -224,7 +242,7 @@ impl<P: Processor> Task<P> {
             };
             self.clocks.push(clock);
         }
-        self.watermark = read_i64(&mut self.store, self.watermark_store, TASK_WATERMARK_KEY)?
+        self.watermark = read_i64(&mut self.store, self.progress_store, TASK_WATERMARK_KEY)?
             .unwrap_or(NO_WATERMARK);
         self.clocks_dirty = false;
         Ok(())
@@ -241,7 +259,7 @@ impl<P: Processor> Task<P> {
     pub fn next_ready(
         &mut self,
         max_idle: Duration,
-        now: Instant,
+        now: std::time::Instant,
     ) -> Option<(usize, Pending<P::Input>)> {
         let mut best: Option<(usize, i64)> = None;
         let mut some_empty = false;
@@ -267,13 +285,13 @@ impl<P: Processor> Task<P> {
     }
 
     /// Drops uncommitted changes and returns to the last committed state.
-    pub fn rollback(&mut self) -> anyhow::Result<()> {
+    pub fn rollback(&mut self, now: Now) -> anyhow::Result<()> {
         self.buffers.iter_mut().for_each(VecDeque::clear);
         self.blocked_since = None;
         self.announced = None;
         self.store.discard_overlay();
         self.counters.clear();
-        self.load()
+        self.load(now)
     }
 
     /// The task watermark.
@@ -281,12 +299,13 @@ impl<P: Processor> Task<P> {
         self.watermark
     }
 
-    /// Number of pending timers.
+    /// Number of pending timers (both domains).
     pub fn timers_pending(&self) -> usize {
         self.timers.len()
     }
 
-    /// Handles one decoded record of input `slot`.
+    /// Handles one decoded record of input `slot`; `stamp` is the watermark
+    /// its writer had reached (shuffled inputs only).
     pub fn handle_record(
         &mut self,
         env: &mut TaskEnv<'_>,
@@ -294,13 +313,20 @@ impl<P: Processor> Task<P> {
         key: Option<&str>,
         value: P::Input,
         event_time: i64,
+        stamp: Option<Announcement>,
     ) -> anyhow::Result<Outcome> {
-        if self.processor.is_late(event_time, self.watermark) {
-            return Ok(Outcome::Late);
+        self.stamp_watermark = self.watermark;
+        let late = self.processor.is_late(event_time, self.watermark);
+        match stamp {
+            Some(announcement) => self.take_announcement(slot, announcement, env),
+            None if !late => self.clocks[slot].observe(event_time, env.now.instant),
+            None => return Ok(Outcome::Late),
         }
-        self.clocks[slot].observe(event_time, env.now);
         self.clocks_dirty = true;
         self.advance(env)?;
+        if late {
+            return Ok(Outcome::Late);
+        }
         let record = Record {
             key,
             value,
@@ -310,24 +336,40 @@ impl<P: Processor> Task<P> {
         Ok(Outcome::Processed)
     }
 
-    /// Notes the watermark `watermark` announced by upstream task `source`
-    /// through repartitioned input `slot`.
+    /// Notes a watermark announced by an upstream task through shuffled input `slot`.
     pub fn handle_announcement(
         &mut self,
         env: &mut TaskEnv<'_>,
         slot: usize,
-        source: usize,
-        watermark: i64,
+        announcement: Announcement,
     ) -> anyhow::Result<()> {
-        self.clocks[slot].announce(source, watermark, env.now);
+        self.stamp_watermark = self.watermark;
+        self.take_announcement(slot, announcement, env);
         self.clocks_dirty = true;
         self.advance(env)
     }
 
-    /// Lets wall-clock idleness move the watermark (only with an idle timeout).
+    fn take_announcement(&mut self, slot: usize, announcement: Announcement, env: &TaskEnv<'_>) {
+        self.clocks[slot].announce(
+            announcement.source as usize,
+            announcement.watermark,
+            env.now.instant,
+        );
+    }
+
+    /// Lets wall-clock time act: idleness may move the watermark (only with
+    /// an idle timeout), and wall-clock timers now due fire.
     pub fn tick(&mut self, env: &mut TaskEnv<'_>) -> anyhow::Result<()> {
+        self.stamp_watermark = self.watermark;
         if env.time.idleness.is_on() {
             self.advance(env)?;
+        }
+        while let Some(entry) = self
+            .timers
+            .queue_mut(TimeDomain::WallClock)
+            .pop_due(env.now.epoch_ms)
+        {
+            self.fire(env, TimeDomain::WallClock, entry)?;
         }
         Ok(())
     }
@@ -336,30 +378,37 @@ impl<P: Processor> Task<P> {
     fn with_processor<R>(
         &mut self,
         env: &mut TaskEnv<'_>,
-        call: impl FnOnce(&mut P, &mut Context<'_, P::Output>) -> R,
+        call: impl FnOnce(&mut P, &mut Context<'_, P>) -> R,
     ) -> R {
+        let stamp =
+            (env.feeds_stage && self.stamp_watermark != NO_WATERMARK).then_some(Announcement {
+                source: self.partition as u32,
+                watermark: self.stamp_watermark,
+            });
         let mut ctx = Context {
             store: &mut self.store,
             timers: &mut self.timers,
             timer_store: self.timer_store,
             watermark: self.watermark,
+            now_ms: env.now.epoch_ms,
+            collector: env.collector,
             output: env.output,
+            stamp,
             counters: &mut self.counters,
             shutdown: env.shutdown,
-            _output: PhantomData,
+            _processor: PhantomData,
         };
         call(&mut self.processor, &mut ctx)
     }
 
-    /// Recomputes the task watermark; if it moved forward, fires every timer
-    /// now due, in time order.
+    /// Recomputes the task watermark; if it moved forward, fires every
+    /// event-time timer now due, in time order.
     fn advance(&mut self, env: &mut TaskEnv<'_>) -> anyhow::Result<()> {
-        let now = env.now;
         let candidate = task_watermark(
             &self.clocks,
             env.time.max_out_of_orderness,
             env.time.idleness,
-            now,
+            env.now.instant,
         )
         .unwrap_or(NO_WATERMARK);
         if candidate <= self.watermark {
@@ -367,23 +416,45 @@ impl<P: Processor> Task<P> {
         }
         self.watermark = candidate;
         self.clocks_dirty = true;
-        while let Some(entry) = self.timers.pop_due(self.watermark) {
-            self.store.delete(self.timer_store, entry.store_key());
-            let timer = Timer {
-                key: &entry.key,
-                name: &entry.name,
-                time: entry.time,
-            };
-            self.with_processor(env, |processor, ctx| processor.on_timer(ctx, timer))?;
+        while let Some(entry) = self
+            .timers
+            .queue_mut(TimeDomain::EventTime)
+            .pop_due(self.watermark)
+        {
+            self.fire(env, TimeDomain::EventTime, entry)?;
         }
         Ok(())
+    }
+
+    /// Removes a due timer from state and hands it to the processor.
+    fn fire(
+        &mut self,
+        env: &mut TaskEnv<'_>,
+        domain: TimeDomain,
+        entry: TimerEntry,
+    ) -> anyhow::Result<()> {
+        self.store.delete(self.timer_store, entry.store_key(domain));
+        let name = P::Timers::from_name(&entry.name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "task {}: a stored timer is named '{}', which the processor does not know",
+                self.partition,
+                entry.name
+            )
+        })?;
+        let timer = Timer {
+            key: &entry.key,
+            name,
+            time: entry.time,
+            domain,
+        };
+        self.with_processor(env, |processor, ctx| processor.on_timer(ctx, timer))
     }
 
     /// Records the next offset of an input partition with the state, so that
     /// state and input position can be restored together.
     pub fn stage_position(&mut self, topic: &str, next_offset: i64) {
         self.store.put(
-            self.watermark_store,
+            self.progress_store,
             position_key(topic),
             next_offset.to_be_bytes().to_vec(),
         );
@@ -400,7 +471,7 @@ impl<P: Processor> Task<P> {
                     max_event_time: Some(max),
                 } => {
                     self.store.put(
-                        self.watermark_store,
+                        self.progress_store,
                         direct_key(slot),
                         max.to_be_bytes().to_vec(),
                     );
@@ -408,11 +479,11 @@ impl<P: Processor> Task<P> {
                 PartitionClock::Direct {
                     max_event_time: None,
                 } => {}
-                PartitionClock::Repartitioned { upstream } => {
+                PartitionClock::Shuffled { upstream } => {
                     for (source, wm) in upstream.iter().enumerate() {
                         if let Some(wm) = wm {
                             self.store.put(
-                                self.watermark_store,
+                                self.progress_store,
                                 upstream_key(slot, source),
                                 wm.to_be_bytes().to_vec(),
                             );
@@ -423,7 +494,7 @@ impl<P: Processor> Task<P> {
         }
         if self.watermark != NO_WATERMARK {
             self.store.put(
-                self.watermark_store,
+                self.progress_store,
                 TASK_WATERMARK_KEY.to_vec(),
                 self.watermark.to_be_bytes().to_vec(),
             );

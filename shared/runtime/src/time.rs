@@ -1,6 +1,6 @@
 //! Event time: watermarks per input partition and per task, and timers.
 //!
-//! The rules are SPEC.md's "Common rules": a partition's watermark is its
+//! The rules (docs/services/README.md, "common rules"): a partition's watermark is its
 //! largest event time minus the allowed out-of-orderness; a task's watermark is
 //! the minimum over its partitions (a partition that has delivered nothing holds
 //! it at minus infinity) and never goes backwards. A repartitioned input's
@@ -12,6 +12,7 @@ use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
 use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
+use crate::watermark::partition_watermark;
 
 /// The watermark before anything has been seen: minus infinity.
 pub const NO_WATERMARK: i64 = i64::MIN;
@@ -23,7 +24,7 @@ pub enum PartitionClock {
     Direct { max_event_time: Option<i64> },
     /// A repartition topic partition: the watermark each upstream task
     /// announced, by upstream partition.
-    Repartitioned { upstream: Vec<Option<i64>> },
+    Shuffled { upstream: Vec<Option<i64>> },
 }
 
 /// Event-time progress of one input partition of a task.
@@ -39,21 +40,21 @@ pub struct InputClock {
 
 impl InputClock {
     /// A direct input partition that has seen nothing yet.
-    pub fn direct() -> Self {
+    pub fn direct(now: Instant) -> Self {
         InputClock {
             clock: PartitionClock::Direct {
                 max_event_time: None,
             },
-            last_activity: Instant::now(),
+            last_activity: now,
             heard_from: Vec::new(),
         }
     }
 
-    /// A repartitioned input fed by `upstream_partitions` upstream tasks.
-    pub fn repartitioned(upstream_partitions: usize) -> Self {
-        let now = Instant::now();
+    /// A shuffled input (repartition topic or stage link) written by
+    /// `upstream_partitions` upstream tasks.
+    pub fn shuffled(upstream_partitions: usize, now: Instant) -> Self {
         InputClock {
-            clock: PartitionClock::Repartitioned {
+            clock: PartitionClock::Shuffled {
                 upstream: vec![None; upstream_partitions],
             },
             last_activity: now,
@@ -75,7 +76,7 @@ impl InputClock {
         if let Some(heard) = self.heard_from.get_mut(source) {
             *heard = now;
         }
-        if let PartitionClock::Repartitioned { upstream } = &mut self.clock {
+        if let PartitionClock::Shuffled { upstream } = &mut self.clock {
             if let Some(slot) = upstream.get_mut(source) {
                 *slot = Some(slot.map_or(watermark, |w| w.max(watermark)));
             }
@@ -91,7 +92,7 @@ impl InputClock {
         idle_timeout: Duration,
         now: Instant,
     ) -> i64 {
-        let PartitionClock::Repartitioned { upstream } = &self.clock else {
+        let PartitionClock::Shuffled { upstream } = &self.clock else {
             return self.watermark(max_out_of_orderness);
         };
         upstream
@@ -106,10 +107,10 @@ impl InputClock {
     /// This partition's watermark, ignoring idleness.
     pub fn watermark(&self, max_out_of_orderness: i64) -> i64 {
         match &self.clock {
-            PartitionClock::Direct { max_event_time } => {
-                max_event_time.map_or(NO_WATERMARK, |m| m.saturating_sub(max_out_of_orderness))
-            }
-            PartitionClock::Repartitioned { upstream } => upstream
+            PartitionClock::Direct { max_event_time } => max_event_time.map_or(NO_WATERMARK, |m| {
+                partition_watermark(m, max_out_of_orderness)
+            }),
+            PartitionClock::Shuffled { upstream } => upstream
                 .iter()
                 .map(|w| w.unwrap_or(NO_WATERMARK))
                 .min()
@@ -128,7 +129,7 @@ impl InputClock {
 pub enum Idleness {
     /// Quiet inputs hold the watermark back: results are deterministic.
     Off,
-    /// SPEC's idle timeout, for tasks reading the service's input topics: a
+    /// The idle timeout (`--idle-timeout`), for tasks reading the service's input topics: a
     /// partition quiet for this long stops holding the watermark back, and a
     /// task's only input moves on with the wall-clock time since its last
     /// record.
@@ -196,16 +197,72 @@ pub struct TimerEntry {
     pub name: String,
 }
 
+/// Which clock a timer runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeDomain {
+    /// Fires when the task watermark reaches the timer's time.
+    EventTime,
+    /// Fires when the wall clock reaches the timer's time (processing time).
+    WallClock,
+}
+
+impl TimeDomain {
+    /// The first byte of the timer-store keys of this domain.
+    fn tag(self) -> u8 {
+        match self {
+            TimeDomain::EventTime => b'e',
+            TimeDomain::WallClock => b'w',
+        }
+    }
+}
+
+/// A task's pending timers of both domains.
+#[derive(Debug, Default)]
+pub struct TaskTimers {
+    event_time: TimerQueue,
+    wall_clock: TimerQueue,
+}
+
+impl TaskTimers {
+    /// The timers of `domain`.
+    pub fn queue(&self, domain: TimeDomain) -> &TimerQueue {
+        match domain {
+            TimeDomain::EventTime => &self.event_time,
+            TimeDomain::WallClock => &self.wall_clock,
+        }
+    }
+
+    /// The timers of `domain`, to change.
+    pub fn queue_mut(&mut self, domain: TimeDomain) -> &mut TimerQueue {
+        match domain {
+            TimeDomain::EventTime => &mut self.event_time,
+            TimeDomain::WallClock => &mut self.wall_clock,
+        }
+    }
+
+    /// Pending timers of both domains.
+    pub fn len(&self) -> usize {
+        self.event_time.len() + self.wall_clock.len()
+    }
+
+    /// Whether no timer is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl TimerEntry {
-    /// The state-store key of this timer: time first, so a scan is time-ordered.
-    pub fn store_key(&self) -> Vec<u8> {
-        Self::store_key_of(self.time, &self.key, &self.name)
+    /// The state-store key of this timer in `domain`: domain, then time, so
+    /// a scan is time-ordered per domain.
+    pub fn store_key(&self, domain: TimeDomain) -> Vec<u8> {
+        Self::store_key_of(domain, self.time, &self.key, &self.name)
     }
 
     /// The state-store key of timer `name` of `key` at `time`, without
     /// building the entry.
-    pub fn store_key_of(time: i64, key: &str, name: &str) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 + 4 + key.len() + name.len());
+    pub fn store_key_of(domain: TimeDomain, time: i64, key: &str, name: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + 8 + 4 + key.len() + name.len());
+        out.push(domain.tag());
         out.extend_from_slice(&i64_to_ordered_bytes(time));
         out.extend_from_slice(&(key.len() as u32).to_be_bytes());
         out.extend_from_slice(key.as_bytes());
@@ -214,14 +271,19 @@ impl TimerEntry {
     }
 
     /// Inverse of [`TimerEntry::store_key`].
-    pub fn from_store_key(bytes: &[u8]) -> anyhow::Result<Self> {
+    pub fn from_store_key(bytes: &[u8]) -> anyhow::Result<(TimeDomain, Self)> {
+        let (domain, bytes) = match bytes.split_first() {
+            Some((b'e', rest)) => (TimeDomain::EventTime, rest),
+            Some((b'w', rest)) => (TimeDomain::WallClock, rest),
+            _ => anyhow::bail!("timer key of an unknown time domain"),
+        };
         anyhow::ensure!(bytes.len() >= 12, "timer key too short");
         let time = i64_from_ordered_bytes(bytes[..8].try_into()?);
         let key_len = u32::from_be_bytes(bytes[8..12].try_into()?) as usize;
         anyhow::ensure!(bytes.len() >= 12 + key_len, "timer key truncated");
         let key = std::str::from_utf8(&bytes[12..12 + key_len])?.to_string();
         let name = std::str::from_utf8(&bytes[12 + key_len..])?.to_string();
-        Ok(TimerEntry { time, key, name })
+        Ok((domain, TimerEntry { time, key, name }))
     }
 }
 
@@ -287,9 +349,10 @@ impl TimerQueue {
         Some(entry)
     }
 
-    /// Removes and returns the earliest timer due at `watermark` (time <= watermark).
-    pub fn pop_due(&mut self, watermark: i64) -> Option<TimerEntry> {
-        if self.by_time.first()?.time > watermark {
+    /// Removes and returns the earliest timer due at `now` (time <= now): a
+    /// watermark for event-time timers, epoch milliseconds for wall-clock ones.
+    pub fn pop_due(&mut self, now: i64) -> Option<TimerEntry> {
+        if self.by_time.first()?.time > now {
             return None;
         }
         let entry = self.by_time.pop_first()?;
@@ -320,8 +383,8 @@ mod tests {
     #[test]
     fn task_watermark_is_the_minimum_and_waits_for_every_input() {
         let now = Instant::now();
-        let mut a = InputClock::direct();
-        let b = InputClock::direct();
+        let mut a = InputClock::direct(Instant::now());
+        let b = InputClock::direct(Instant::now());
         a.observe(10_000, now);
         assert_eq!(
             task_watermark(&[a.clone(), b.clone()], 0, Idleness::Off, now),
@@ -338,7 +401,7 @@ mod tests {
     #[test]
     fn repartitioned_inputs_wait_for_every_upstream_task() {
         let now = Instant::now();
-        let mut input = InputClock::repartitioned(2);
+        let mut input = InputClock::shuffled(2, Instant::now());
         input.announce(0, 500, now);
         assert_eq!(input.watermark(0), NO_WATERMARK);
         input.announce(1, 300, now);
@@ -350,13 +413,13 @@ mod tests {
     #[test]
     fn an_upstream_partition_never_heard_from_stops_holding_back_after_the_idle_timeout() {
         let start = Instant::now();
-        let mut input = InputClock::repartitioned(2);
+        let mut input = InputClock::shuffled(2, Instant::now());
         let idle = Idleness::Inputs(Duration::from_secs(2));
         input.announce(0, 700, start + Duration::from_secs(1));
         let waiting = task_watermark(&[input.clone()], 0, idle, start + Duration::from_secs(1));
         assert_eq!(waiting, Some(NO_WATERMARK), "upstream 1 may still come");
         input.announce(0, 900, start + Duration::from_secs(4));
-        let mut other = InputClock::direct();
+        let mut other = InputClock::direct(Instant::now());
         other.observe(5_000, start + Duration::from_secs(4));
         let later = start + Duration::from_secs(5);
         assert_eq!(
@@ -373,7 +436,7 @@ mod tests {
     #[test]
     fn a_later_stage_drops_silent_upstreams_but_never_follows_wall_clock() {
         let start = Instant::now();
-        let mut link = InputClock::repartitioned(2);
+        let mut link = InputClock::shuffled(2, Instant::now());
         let idle = Idleness::Upstreams(Duration::from_secs(2));
         link.announce(0, 700, start);
         assert_eq!(
@@ -398,7 +461,7 @@ mod tests {
     #[test]
     fn an_idle_single_input_follows_wall_clock() {
         let start = Instant::now();
-        let mut input = InputClock::direct();
+        let mut input = InputClock::direct(Instant::now());
         input.observe(1_000, start);
         let later = start + Duration::from_secs(5);
         let wm = task_watermark(
@@ -419,9 +482,9 @@ mod tests {
     #[test]
     fn an_idle_input_stops_holding_back_the_others() {
         let start = Instant::now();
-        let mut quiet = InputClock::direct();
+        let mut quiet = InputClock::direct(Instant::now());
         quiet.observe(1_000, start);
-        let mut busy = InputClock::direct();
+        let mut busy = InputClock::direct(Instant::now());
         let later = start + Duration::from_secs(5);
         busy.observe(9_000, later);
         let wm = task_watermark(
@@ -458,7 +521,16 @@ mod tests {
             key: "a".into(),
             name: "t".into(),
         };
-        assert!(early.store_key() < late.store_key());
-        assert_eq!(TimerEntry::from_store_key(&late.store_key()).unwrap(), late);
+        let domain = TimeDomain::EventTime;
+        assert!(early.store_key(domain) < late.store_key(domain));
+        assert_eq!(
+            TimerEntry::from_store_key(&late.store_key(domain)).unwrap(),
+            (domain, late.clone())
+        );
+        let wall = TimeDomain::WallClock;
+        assert_eq!(
+            TimerEntry::from_store_key(&late.store_key(wall)).unwrap(),
+            (wall, late)
+        );
     }
 }

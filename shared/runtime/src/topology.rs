@@ -13,12 +13,19 @@
 
 use serde::de::DeserializeOwned;
 
+use apache_avro::Schema;
+
 use crate::avro::{leak_schema, AvroDecoder, DecodeError, Registry};
 use crate::duration::HumanDuration;
 
 /// Decodes a wire-format value into the processor's input, with its event time.
 pub(crate) type DecodeFn<I> =
     Box<dyn FnMut(&Registry, &[u8], &dyn Fn() -> bool) -> Result<(I, i64), DecodeError> + Send>;
+
+/// Decodes a wire-format value into its repartition key and event time.
+pub(crate) type RekeyFn = Box<
+    dyn FnMut(&Registry, &[u8], &dyn Fn() -> bool) -> Result<(String, i64), DecodeError> + Send,
+>;
 
 /// The internal topic `<app-id>-<name>-repartition` between two stages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,23 +78,23 @@ pub(crate) enum Sink {
     Link(StageLink),
 }
 
-/// One input topic.
-pub struct InputStream<I> {
-    pub(crate) source: Source,
-    pub(crate) decode: DecodeFn<I>,
-    pub(crate) repartition: Option<Repartition<I>>,
+/// One input topic, whose values decode into `T` and reach the processor
+/// as `I` (usually one variant of the processor's input enum).
+pub struct InputStream<I, T> {
+    source: Source,
+    schema: &'static Schema,
+    event_time: fn(&T) -> i64,
+    wrap: fn(T) -> I,
+    repartition: Option<RepartitionBy<T>>,
 }
 
-/// Re-keying of an input through `<app-id>-<name>-repartition`.
-pub(crate) struct Repartition<I> {
-    pub(crate) name: &'static str,
-    pub(crate) key_of: fn(&I) -> String,
-}
+/// A repartitioning's name and key function, before type erasure.
+type RepartitionBy<T> = (&'static str, fn(&T) -> String);
 
-impl<I: 'static> InputStream<I> {
+impl<I: 'static, T: DeserializeOwned + 'static> InputStream<I, T> {
     /// Reads `topic` into `T` (reader schema `schema_json`), wrapped into the
     /// processor's input type by `wrap`, with event time from `event_time`.
-    pub fn new<T: DeserializeOwned + 'static>(
+    pub fn new(
         topic: impl Into<String>,
         schema_json: &str,
         event_time: fn(&T) -> i64,
@@ -98,7 +105,7 @@ impl<I: 'static> InputStream<I> {
 
     /// Reads the link an earlier stage writes, like [`InputStream::new`].
     /// Its watermark is the minimum of what every writing task announced.
-    pub fn from_stage<T: DeserializeOwned + 'static>(
+    pub fn from_stage(
         link: StageLink,
         schema_json: &str,
         event_time: fn(&T) -> i64,
@@ -107,7 +114,7 @@ impl<I: 'static> InputStream<I> {
         Self::from_source(Source::Link(link), schema_json, event_time, wrap)
     }
 
-    fn from_source<T: DeserializeOwned + 'static>(
+    fn from_source(
         source: Source,
         schema_json: &str,
         event_time: fn(&T) -> i64,
@@ -120,39 +127,100 @@ impl<I: 'static> InputStream<I> {
             };
             anyhow::anyhow!("reader schema of input {name}: {e}")
         })?;
-        let mut decoder = AvroDecoder::<T>::new(schema);
         Ok(InputStream {
             source,
-            decode: Box::new(move |registry, bytes, shutdown| {
-                let value = decoder.decode(registry, bytes, shutdown)?;
-                let time = event_time(&value);
-                Ok((wrap(value), time))
-            }),
+            schema,
+            event_time,
+            wrap,
             repartition: None,
         })
     }
 
     /// Re-keys this input by `key_of` through the internal topic
     /// `<app-id>-<name>-repartition`, co-partitioned with the other inputs.
-    pub fn repartition_by(mut self, name: &'static str, key_of: fn(&I) -> String) -> Self {
-        self.repartition = Some(Repartition { name, key_of });
+    pub fn repartition_by(mut self, name: &'static str, key_of: fn(&T) -> String) -> Self {
+        self.repartition = Some((name, key_of));
         self
     }
+
+    /// The type-erased form the runtime runs.
+    fn into_spec(self) -> InputSpec<I> {
+        let InputStream {
+            source,
+            schema,
+            event_time,
+            wrap,
+            repartition,
+        } = self;
+        let mut decoder = AvroDecoder::<T>::new(schema);
+        let decode: DecodeFn<I> = Box::new(move |registry, bytes, shutdown| {
+            let value = decoder.decode(registry, bytes, shutdown)?;
+            let time = event_time(&value);
+            Ok((wrap(value), time))
+        });
+        let repartition = repartition.map(|(name, key_of)| {
+            let mut decoder = AvroDecoder::<T>::new(schema);
+            let rekey: RekeyFn = Box::new(move |registry, bytes, shutdown| {
+                let value = decoder.decode(registry, bytes, shutdown)?;
+                Ok((key_of(&value), event_time(&value)))
+            });
+            Repartition { name, rekey }
+        });
+        InputSpec {
+            source,
+            schema,
+            decode,
+            repartition,
+        }
+    }
+}
+
+/// An input as the runtime runs it: its decoders, without the value type.
+pub(crate) struct InputSpec<I> {
+    pub(crate) source: Source,
+    /// The reader schema (the test driver writes piped values with it).
+    pub(crate) schema: &'static Schema,
+    pub(crate) decode: DecodeFn<I>,
+    pub(crate) repartition: Option<Repartition>,
+}
+
+/// Re-keying of an input through `<app-id>-<name>-repartition`.
+pub(crate) struct Repartition {
+    pub(crate) name: &'static str,
+    pub(crate) rekey: RekeyFn,
 }
 
 /// The whole description of a service's data flow.
 pub struct Topology<I> {
     pub(crate) service: &'static str,
-    pub(crate) inputs: Vec<InputStream<I>>,
+    pub(crate) inputs: Vec<InputSpec<I>>,
     pub(crate) sink: Sink,
     pub(crate) output_schema: String,
-    pub(crate) stores: Vec<&'static str>,
     pub(crate) max_out_of_orderness: i64,
 }
 
-/// Store names the runtime uses for itself.
+/// The runtime's store of pending timers.
 pub(crate) const TIMER_STORE: &str = "timers";
-pub(crate) const WATERMARK_STORE: &str = "watermarks";
+/// The runtime's store of each task's progress: input clocks, the task
+/// watermark and the next offset of every input partition.
+pub(crate) const PROGRESS_STORE: &str = "task-progress";
+
+/// Every store of a processor that declares `declared`, the runtime's own
+/// last; a declared name that clashes with those is an error.
+pub(crate) fn all_stores(declared: &[&'static str]) -> anyhow::Result<Vec<String>> {
+    for name in declared {
+        anyhow::ensure!(
+            *name != TIMER_STORE && *name != PROGRESS_STORE,
+            "store name '{name}' is reserved by the runtime"
+        );
+    }
+    Ok(declared
+        .iter()
+        .copied()
+        .chain([TIMER_STORE, PROGRESS_STORE])
+        .map(str::to_string)
+        .collect())
+}
 
 impl<I> Topology<I> {
     /// A topology for `service` (the default application id) writing
@@ -177,24 +245,16 @@ impl<I> Topology<I> {
             inputs: Vec::new(),
             sink,
             output_schema: output_schema.to_string(),
-            stores: Vec::new(),
             max_out_of_orderness: 0,
         }
     }
 
     /// Adds an input.
-    pub fn input(mut self, input: InputStream<I>) -> Self {
-        self.inputs.push(input);
-        self
-    }
-
-    /// Declares a state store by its permanent name.
-    pub fn store(mut self, name: &'static str) -> Self {
-        assert!(
-            name != TIMER_STORE && name != WATERMARK_STORE,
-            "store name '{name}' is reserved by the runtime"
-        );
-        self.stores.push(name);
+    pub fn input<T: DeserializeOwned + 'static>(mut self, input: InputStream<I, T>) -> Self
+    where
+        I: 'static,
+    {
+        self.inputs.push(input.into_spec());
         self
     }
 
@@ -202,15 +262,5 @@ impl<I> Topology<I> {
     pub fn max_out_of_orderness(mut self, bound: HumanDuration) -> Self {
         self.max_out_of_orderness = bound.as_millis_i64();
         self
-    }
-
-    /// All store names, the runtime's own included.
-    pub(crate) fn all_stores(&self) -> Vec<String> {
-        self.stores
-            .iter()
-            .copied()
-            .chain([TIMER_STORE, WATERMARK_STORE])
-            .map(str::to_string)
-            .collect()
     }
 }

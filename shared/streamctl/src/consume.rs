@@ -12,8 +12,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use streams_runtime::avro::{split_wire_format, Registry};
 use streams_runtime::HumanDuration;
 
-use crate::json::{format_line, write_value};
 use crate::{table, Connection, Format};
+use streams_runtime::avro::json::{format_line, write_value};
 
 #[derive(Args)]
 pub struct ConsumeArgs {

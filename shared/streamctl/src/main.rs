@@ -5,7 +5,7 @@
 //! produces a service can read and vice versa.
 
 mod consume;
-mod json;
+
 mod produce;
 mod table;
 
@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use streams_runtime::admin::Admin;
 use streams_runtime::config::parse_key_value;
-use streams_runtime::topics::Admin;
 use streams_runtime::HumanDuration;
 
 #[derive(Parser)]

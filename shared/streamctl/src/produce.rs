@@ -13,8 +13,8 @@ use clap::Args;
 use streams_runtime::avro::{leak_schema, AvroEncoder};
 use streams_runtime::delivery::{Delivery, Outgoing, UNTRACKED};
 
-use crate::json::{parse_line, parse_raw_line, Line, RawLine};
 use crate::{read_schema, Connection};
+use streams_runtime::avro::json::{parse_line, parse_raw_line, Line, RawLine};
 
 #[derive(Args)]
 pub struct ProduceArgs {

@@ -2,7 +2,7 @@
 
 use apache_avro::types::Value;
 
-use crate::json::write_value;
+use streams_runtime::avro::json::write_value;
 
 /// Renders records as a boxed table with one column per field (the key first).
 pub fn render(rows: &[(Option<String>, Value)]) -> String {

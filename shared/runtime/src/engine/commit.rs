@@ -1,75 +1,65 @@
-//! Committing: watermark announcements, changelog records, the transaction
-//! (or flush and offset commit), then local state; and rolling back when a
-//! commit fails.
+//! Commits as the engine sees them: what goes out with a commit (watermark
+//! announcements, clocks and input positions staged into state, changelog
+//! records), and what follows its outcome (local state applied, or every
+//! task rolled back). The transaction itself is the caller's.
 
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rdkafka::consumer::{CommitMode, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::{Offset, TopicPartitionList};
-
-use super::{changelog_tag, Engine, GroupConsumer, SOURCE_HEADER, WATERMARK_HEADER};
-use crate::delivery::{CommitError, Outgoing, UNTRACKED};
+use super::Engine;
+use crate::collector::{ChangelogPartition, Headers};
 use crate::processor::Processor;
+use crate::time::NO_WATERMARK;
+use crate::watermark::{partition_watermark, Announcement};
 
-/// The headers of a watermark announcement.
-fn announcement_headers(watermark: &[u8; 8], source: &[u8; 4]) -> OwnedHeaders {
-    OwnedHeaders::new_with_capacity(2)
-        .insert(Header {
-            key: WATERMARK_HEADER,
-            value: Some(&watermark[..]),
-        })
-        .insert(Header {
-            key: SOURCE_HEADER,
-            value: Some(&source[..]),
-        })
-}
+/// An input position to commit: subscription index, partition, next offset.
+pub(crate) type Position = (usize, i32, i64);
 
 impl<P: Processor> Engine<P> {
-    /// Sends every upstream watermark that moved to every partition of its
-    /// repartition topic.
-    fn announce_watermarks(&mut self) -> anyhow::Result<()> {
+    /// Announces, to every partition of its repartition topic, the watermark
+    /// of each source partition that moved: the readers of a partition that
+    /// received none of its records learn of it this way.
+    fn announce_source_watermarks(&mut self) {
+        let idleness_on = self.settings.event_time.idleness.is_on();
         for ((slot, source), clock) in self.upstream.iter_mut() {
             let Some(max) = clock.max_event_time else {
                 continue;
             };
-            let watermark = max.saturating_sub(self.settings.event_time.max_out_of_orderness);
+            let watermark = partition_watermark(max, self.settings.event_time.max_out_of_orderness);
             let moved = clock
                 .announced
                 .is_none_or(|announced| announced < watermark);
-            let heartbeat = clock.active && self.settings.event_time.idleness.is_on();
+            let heartbeat = clock.active && idleness_on;
             if !moved && !heartbeat {
                 continue;
             }
-            let repartition = self.inputs[*slot]
-                .repartition
+            let rekeying = self.inputs[*slot]
+                .rekeying
                 .as_ref()
-                .expect("repartitioned input");
-            let watermark_bytes = watermark.to_be_bytes();
-            let source_bytes = (*source as u32).to_be_bytes();
-            for partition in 0..repartition.downstream_partitions {
-                self.output.delivery.send(Outgoing {
-                    topic: &repartition.topic,
-                    partition: Some(partition as i32),
-                    key: None,
-                    payload: None,
-                    headers: Some(announcement_headers(&watermark_bytes, &source_bytes)),
-                    tag: UNTRACKED,
-                });
+                .expect("re-keyed input");
+            let announcement = Announcement {
+                source: *source as u32,
+                watermark,
+            };
+            for partition in 0..rekeying.downstream_partitions {
+                self.collector.push(
+                    rekeying.topic,
+                    Some(partition as i32),
+                    None,
+                    None,
+                    Headers::Watermark(announcement),
+                );
             }
             clock.announced = Some(watermark);
             clock.active = false;
         }
-        Ok(())
     }
 
-    /// Sends every task watermark that moved to every partition of the stage
-    /// link the output writes. The announcement follows the task's results in
-    /// each partition, so a reading task never sees a watermark before the
-    /// results it covers. With an idle timeout, tasks that have a watermark
-    /// re-announce it at every commit, so that the reading stage can tell them
-    /// from tasks that never will (whose input received nothing).
+    /// Announces every task watermark that moved to every partition of the
+    /// stage link the output writes. The announcement follows the task's
+    /// results in each partition, so a reading task never sees a watermark
+    /// before the results it covers. With an idle timeout, tasks that have a
+    /// watermark re-announce it at every commit, so that the reading stage
+    /// can tell them from tasks that never will (whose input received nothing).
     fn announce_task_watermarks(&mut self) {
         let Some(partitions) = self.settings.link_partitions else {
             return;
@@ -78,140 +68,99 @@ impl<P: Processor> Engine<P> {
         for task in self.tasks.values_mut() {
             let watermark = task.watermark();
             let moved = task.announced.is_none_or(|announced| announced < watermark);
-            if watermark == crate::time::NO_WATERMARK || !(moved || heartbeat) {
+            if watermark == NO_WATERMARK || !(moved || heartbeat) {
                 continue;
             }
-            let watermark_bytes = watermark.to_be_bytes();
-            let source_bytes = (task.partition as u32).to_be_bytes();
+            let announcement = Announcement {
+                source: task.partition as u32,
+                watermark,
+            };
             for partition in 0..partitions {
-                self.output.send_control(
-                    partition as i32,
-                    announcement_headers(&watermark_bytes, &source_bytes),
+                self.collector.push(
+                    self.output.topic,
+                    Some(partition as i32),
+                    None,
+                    None,
+                    Headers::Watermark(announcement),
                 );
             }
             task.announced = Some(watermark);
         }
     }
 
-    fn offsets_to_commit(&self) -> anyhow::Result<TopicPartitionList> {
-        let mut offsets = TopicPartitionList::new();
-        for ((topic_index, partition), next) in &self.positions {
-            offsets.add_partition_offset(
-                &self.topics[*topic_index].0,
-                *partition,
-                Offset::Offset(*next),
-            )?;
-        }
-        Ok(offsets)
-    }
-
-    /// Commits outputs, state changes and input offsets together.
-    pub fn commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
-        let started = Instant::now();
-        self.announce_watermarks()?;
+    /// Collects everything that goes out with a commit — announcements, and
+    /// every uncommitted state change as a changelog record, with the
+    /// clocks and input positions staged into state first — and returns the
+    /// input positions to commit with it.
+    pub fn prepare_commit(&mut self) -> Vec<Position> {
+        self.announce_source_watermarks();
         self.announce_task_watermarks();
         for task in self.tasks.values_mut() {
             task.stage_clocks();
-            for ((topic_index, partition), next) in &self.positions {
-                if *partition == task.partition && Self::is_task_route(self.topics[*topic_index].1)
-                {
-                    task.stage_position(&self.topics[*topic_index].0, *next);
+            for ((subscription, partition), next) in &self.positions {
+                let subscription_info = &self.subscriptions[*subscription];
+                if *partition == task.partition && subscription_info.route.feeds_task() {
+                    task.stage_position(&subscription_info.topic, *next);
                 }
             }
-            for store in 0..self.settings.store_names.len() {
-                let topic = &self.settings.changelog_topics[store];
+            for (store, topic) in self.side.changelogs.iter().enumerate() {
+                let changelog = ChangelogPartition {
+                    store,
+                    partition: task.partition,
+                };
                 for (key, value) in task.store.uncommitted(store) {
-                    self.output.delivery.send(Outgoing {
-                        topic,
-                        partition: Some(task.partition),
-                        key: Some(key),
-                        payload: value,
-                        headers: None,
-                        tag: changelog_tag(store, task.partition),
-                    });
+                    self.collector.push_changelog(*topic, changelog, key, value);
                 }
             }
         }
-        let offsets = self.offsets_to_commit()?;
-        let group = consumer.group_metadata();
-        let result = self
-            .output
-            .delivery
-            .commit(&offsets, group.as_ref())
-            .and_then(|()| {
-                if self.output.delivery.is_transactional() || offsets.count() == 0 {
-                    return Ok(());
-                }
-                consumer
-                    .commit(&offsets, CommitMode::Sync)
-                    .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")))
-            });
-        match result {
-            Ok(()) => {
-                let delivered = self.output.delivery.take_offsets();
-                for task in self.tasks.values_mut() {
-                    let checkpoints: Vec<(usize, i64)> = (0..self.settings.store_names.len())
-                        .filter_map(|store| {
-                            delivered
-                                .get(&changelog_tag(store, task.partition))
-                                .map(|offset| (store, *offset))
-                        })
-                        .collect();
-                    task.store.apply_overlay(&checkpoints)?;
-                    for (name, count) in std::mem::take(&mut task.counters) {
-                        *self.processor_counters.entry(name).or_default() += count;
-                    }
-                }
-                self.commits += 1;
+        self.positions
+            .iter()
+            .map(|((subscription, partition), next)| (*subscription, *partition, *next))
+            .collect()
+    }
+
+    /// The commit went through: local state takes the committed changes,
+    /// each store noting the changelog offset it reaches (`checkpoint`).
+    pub fn commit_succeeded(
+        &mut self,
+        checkpoint: impl Fn(ChangelogPartition) -> Option<i64>,
+    ) -> anyhow::Result<()> {
+        let stores = self.settings.store_names.len();
+        for task in self.tasks.values_mut() {
+            let checkpoints: Vec<(usize, i64)> = (0..stores)
+                .filter_map(|store| {
+                    checkpoint(ChangelogPartition {
+                        store,
+                        partition: task.partition,
+                    })
+                    .map(|offset| (store, offset))
+                })
+                .collect();
+            task.store.apply_overlay(&checkpoints)?;
+            for (name, count) in std::mem::take(&mut task.counters) {
+                *self.counters.processor.entry(name).or_default() += count;
             }
-            Err(CommitError::Aborted(reason)) => {
-                tracing::warn!(%reason, "commit aborted; rolling back to the last commit");
-                self.commits_aborted += 1;
-                self.rollback(consumer)?;
-            }
-            Err(fatal @ CommitError::Fatal(_)) => return Err(fatal.into()),
         }
-        self.commit_seconds += started.elapsed().as_secs_f64();
-        self.publish_metrics();
-        self.last_commit = Instant::now();
+        self.counters.commits += 1;
         Ok(())
     }
 
-    /// Returns every task to its last committed state and rewinds the
-    /// consumer to the committed offsets.
-    fn rollback(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+    /// The commit failed, or the work since it is to be dropped: every task
+    /// returns to its last committed state. The caller rewinds the inputs.
+    pub fn roll_back(&mut self) -> anyhow::Result<()> {
+        let now = self.clock.now();
         for task in self.tasks.values_mut() {
-            task.rollback()?;
+            task.rollback(now)?;
         }
         self.upstream.clear();
-        let committed = self.committed_offsets(consumer)?;
-        for element in committed.elements() {
-            let offset = match element.offset() {
-                Offset::Offset(offset) => Offset::Offset(offset),
-                _ => Offset::Beginning,
-            };
-            consumer.seek(
-                element.topic(),
-                element.partition(),
-                offset,
-                Duration::from_secs(10),
-            )?;
-        }
         self.positions.clear();
+        self.collector.discard();
         Ok(())
     }
 
-    /// The group's committed offsets, waiting while the broker is unreachable.
-    fn committed_offsets(&self, consumer: &GroupConsumer<P>) -> anyhow::Result<TopicPartitionList> {
-        loop {
-            match consumer.committed(Duration::from_secs(10)) {
-                Ok(offsets) => return Ok(offsets),
-                Err(error) if !self.shutdown.load(Ordering::Relaxed) => {
-                    tracing::warn!(%error, "cannot read committed offsets yet; retrying");
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-                Err(error) => anyhow::bail!("reading committed offsets: {error}"),
-            }
-        }
+    /// Notes the end of a commit that began at `started`.
+    pub fn commit_finished(&mut self, started: Instant) {
+        self.counters.commit_seconds += started.elapsed().as_secs_f64();
+        self.last_commit = self.clock.now().instant;
     }
 }

@@ -14,6 +14,8 @@
 //! processing thread is not a tokio worker, so it blocks on the runtime handle
 //! only on a cache miss.
 
+pub mod json;
+
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
@@ -92,8 +94,8 @@ pub struct Registry {
 
 struct RegistryInner {
     url: String,
-    settings: SrSettings,
-    runtime: tokio::runtime::Handle,
+    /// The HTTP client; `None` for an in-memory registry.
+    remote: Option<(SrSettings, tokio::runtime::Handle)>,
     schemas_by_id: Mutex<HashMap<u32, &'static Schema>>,
 }
 
@@ -121,11 +123,23 @@ impl Registry {
         Ok(Registry {
             inner: Arc::new(RegistryInner {
                 url: url.to_string(),
-                settings,
-                runtime,
+                remote: Some((settings, runtime)),
                 schemas_by_id: Mutex::new(HashMap::new()),
             }),
         })
+    }
+
+    /// A registry that lives in this process only (for the test driver):
+    /// [`register`](Self::register) numbers schemas from 1, and an id it did
+    /// not hand out is not found.
+    pub fn in_memory() -> Registry {
+        Registry {
+            inner: Arc::new(RegistryInner {
+                url: "memory:".to_string(),
+                remote: None,
+                schemas_by_id: Mutex::new(HashMap::new()),
+            }),
+        }
     }
 
     /// The registry URL.
@@ -158,10 +172,11 @@ impl Registry {
         if let Some(schema) = self.inner.schemas_by_id.lock().unwrap().get(&id) {
             return Ok(schema);
         }
-        let registered = self
-            .inner
-            .runtime
-            .block_on(get_schema_by_id(id, &self.inner.settings))
+        let Some((settings, runtime)) = &self.inner.remote else {
+            return Err(RegistryError::NotFound(format!("schema id {id}")));
+        };
+        let registered = runtime
+            .block_on(get_schema_by_id(id, settings))
             .map_err(|e| self.classify(e))?;
         let schema = leak_schema(&registered.schema)
             .map_err(|e| RegistryError::Rejected(format!("schema id {id}: {e}")))?;
@@ -172,17 +187,31 @@ impl Registry {
     /// Registers `schema_json` under `subject` (or finds it already there) and
     /// returns its id. An incompatible change is [`RegistryError::Rejected`].
     pub fn register(&self, subject: &str, schema_json: &str) -> Result<u32, RegistryError> {
+        let Some((settings, runtime)) = &self.inner.remote else {
+            return self.register_in_memory(schema_json);
+        };
         let supplied = SuppliedSchema::new(None, SchemaType::Avro, schema_json.to_string());
-        let registered = self
-            .inner
-            .runtime
-            .block_on(post_schema(
-                &self.inner.settings,
-                subject.to_string(),
-                supplied,
-            ))
+        let registered = runtime
+            .block_on(post_schema(settings, subject.to_string(), supplied))
             .map_err(|e| self.classify(e))?;
         Ok(registered.id)
+    }
+
+    /// In-memory registration: the same schema always gets the same id.
+    fn register_in_memory(&self, schema_json: &str) -> Result<u32, RegistryError> {
+        let schema =
+            leak_schema(schema_json).map_err(|e| RegistryError::Rejected(e.to_string()))?;
+        let canonical = schema.canonical_form();
+        let mut schemas = self.inner.schemas_by_id.lock().unwrap();
+        if let Some((id, _)) = schemas
+            .iter()
+            .find(|(_, known)| known.canonical_form() == canonical)
+        {
+            return Ok(*id);
+        }
+        let id = schemas.len() as u32 + 1;
+        schemas.insert(id, schema);
+        Ok(id)
     }
 
     /// Fetches a writer schema, retrying while the registry is unavailable.
@@ -315,9 +344,8 @@ impl AvroEncoder {
         Ok(AvroEncoder { schema_id, writer })
     }
 
-    /// Appends the wire-format encoding of `value` to `out` (cleared first).
-    pub fn encode_into<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> anyhow::Result<()> {
-        out.clear();
+    /// Appends the wire-format encoding of `value` to the end of `out`.
+    pub fn append_to<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> anyhow::Result<()> {
         out.push(0);
         out.extend_from_slice(&self.schema_id.to_be_bytes());
         self.writer

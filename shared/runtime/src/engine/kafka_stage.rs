@@ -1,0 +1,458 @@
+//! The engine on a Kafka consumer group: the poll loop, the producer that
+//! drains the engine's collector, transactions, rebalances and restores.
+//!
+//! One thread owns everything mutable. It polls the stage's consumer, hands
+//! each record to the [`Engine`], and moves what the engine collected into
+//! the producer's queue after each record (no waiting: librdkafka sends in
+//! the background). Every commit interval it commits outputs, changelogs and
+//! input offsets together — one Kafka transaction under exactly-once — and
+//! then applies the changes to RocksDB.
+//!
+//! Rebalances arrive as consumer callbacks on the same thread (inside `poll`),
+//! which is why the stage lives in the consumer context behind a mutex that
+//! is never held across `poll`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use super::{Engine, Incoming};
+use crate::collector::{ChangelogPartition, Headers, RecordView};
+use crate::config::ProcessingGuarantee;
+use crate::delivery::{CommitError, Delivery, Outgoing, UNTRACKED};
+use crate::metrics::StageMetrics;
+use crate::processor::Processor;
+use crate::restore::Restorer;
+use crate::state::store::{StateResources, TaskStore};
+use crate::task::stored_positions;
+use crate::watermark::Announcement;
+
+/// A stage's engine with its Kafka clients.
+pub(crate) struct KafkaStage<P: Processor> {
+    pub engine: Engine<P>,
+    pub delivery: Delivery,
+    pub restorer: Restorer,
+    pub guarantee: ProcessingGuarantee,
+    pub state_dir: PathBuf,
+    pub resources: StateResources,
+    pub metrics: StageMetrics,
+    /// An error raised inside a rebalance callback, surfaced by the loop.
+    pub fatal: Option<anyhow::Error>,
+}
+
+/// The consumer context: rebalance callbacks reach the stage through it.
+pub(crate) struct StageContext<P: Processor> {
+    pub stage: Mutex<Option<KafkaStage<P>>>,
+}
+
+pub(crate) type GroupConsumer<P> = BaseConsumer<StageContext<P>>;
+
+impl<P: Processor> ClientContext for StageContext<P> {}
+
+impl<P: Processor> ConsumerContext for StageContext<P> {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(partitions) = rebalance {
+            let mut guard = self.stage.lock().unwrap();
+            if let Some(stage) = guard.as_mut() {
+                if let Err(error) = stage.revoke(consumer, partitions) {
+                    stage.fatal.get_or_insert(error);
+                }
+            }
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(partitions) => {
+                let mut guard = self.stage.lock().unwrap();
+                if let Some(stage) = guard.as_mut() {
+                    if let Err(error) = stage.assign(consumer, partitions) {
+                        stage.fatal.get_or_insert(error);
+                    }
+                }
+            }
+            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+/// The Kafka headers of a collected record.
+fn kafka_headers(record: &RecordView<'_>) -> Option<OwnedHeaders> {
+    match record.headers {
+        Headers::None => None,
+        Headers::Watermark(announcement) => Some(announcement.to_headers()),
+        Headers::DeadLetter(dead) => {
+            let message = record.text(&dead.message);
+            let partition = dead.partition.to_string();
+            let offset = dead.offset.to_string();
+            let fields = [
+                ("dlq.error.kind", dead.error_kind),
+                ("dlq.error.message", message),
+                ("dlq.source.topic", record.topic_name(dead.source_topic)),
+                ("dlq.source.partition", partition.as_str()),
+                ("dlq.source.offset", offset.as_str()),
+            ];
+            Some(fields.into_iter().fold(
+                OwnedHeaders::new_with_capacity(fields.len()),
+                |headers, (key, value)| {
+                    headers.insert(Header {
+                        key,
+                        value: Some(value),
+                    })
+                },
+            ))
+        }
+    }
+}
+
+impl<P: Processor> KafkaStage<P> {
+    /// Handles one consumed record.
+    pub fn handle(&mut self, message: &BorrowedMessage<'_>) -> anyhow::Result<()> {
+        let Some(subscription) = self.engine.subscription_index(message.topic()) else {
+            return Ok(());
+        };
+        let announcement = message.headers().and_then(Announcement::from_headers);
+        self.engine.handle(Incoming {
+            subscription,
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key(),
+            value: message.payload(),
+            announcement,
+        })?;
+        self.send_collected();
+        Ok(())
+    }
+
+    /// Moves everything the engine collected into the producer's queue.
+    fn send_collected(&mut self) {
+        let delivery = &mut self.delivery;
+        self.engine.collector.drain(|record| {
+            delivery.send(Outgoing {
+                topic: record.topic,
+                partition: record.partition,
+                key: record.key,
+                payload: record.value,
+                headers: kafka_headers(&record),
+                tag: record
+                    .changelog
+                    .map_or(UNTRACKED, ChangelogPartition::delivery_tag),
+            });
+        });
+    }
+
+    /// Serves delivery reports, lets time act, and commits when the interval
+    /// has passed.
+    pub fn tick(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        self.delivery.poll();
+        self.engine.tick()?;
+        self.send_collected();
+        if self.engine.commit_due() {
+            self.commit(consumer)?;
+        }
+        Ok(())
+    }
+
+    /// Commits outputs, state changes and input offsets together.
+    pub fn commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let positions = self.engine.prepare_commit();
+        self.send_collected();
+        let mut offsets = TopicPartitionList::new();
+        for (subscription, partition, next) in positions {
+            offsets.add_partition_offset(
+                &self.engine.subscriptions()[subscription].topic,
+                partition,
+                Offset::Offset(next),
+            )?;
+        }
+        let group = consumer.group_metadata();
+        let result = self
+            .delivery
+            .commit(&offsets, group.as_ref())
+            .and_then(|()| {
+                if self.delivery.is_transactional() || offsets.count() == 0 {
+                    return Ok(());
+                }
+                consumer
+                    .commit(&offsets, CommitMode::Sync)
+                    .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")))
+            });
+        match result {
+            Ok(()) => {
+                let delivered = self.delivery.take_offsets();
+                self.engine.commit_succeeded(|changelog| {
+                    delivered.get(&changelog.delivery_tag()).copied()
+                })?;
+            }
+            Err(CommitError::Aborted(reason)) => {
+                tracing::warn!(%reason, "commit aborted; rolling back to the last commit");
+                self.engine.counters.commits_aborted += 1;
+                self.roll_back(consumer)?;
+            }
+            Err(fatal @ CommitError::Fatal(_)) => return Err(fatal.into()),
+        }
+        self.engine.commit_finished(started);
+        self.metrics.publish(self.engine.snapshot());
+        Ok(())
+    }
+
+    /// Returns every task to its last committed state and rewinds the
+    /// consumer to the committed offsets.
+    fn roll_back(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        self.engine.roll_back()?;
+        let committed = self.committed_offsets(consumer)?;
+        for element in committed.elements() {
+            let offset = match element.offset() {
+                Offset::Offset(offset) => Offset::Offset(offset),
+                _ => Offset::Beginning,
+            };
+            consumer.seek(
+                element.topic(),
+                element.partition(),
+                offset,
+                Duration::from_secs(10),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The group's committed offsets, waiting while the broker is unreachable.
+    fn committed_offsets(&self, consumer: &GroupConsumer<P>) -> anyhow::Result<TopicPartitionList> {
+        loop {
+            match consumer.committed(Duration::from_secs(10)) {
+                Ok(offsets) => return Ok(offsets),
+                Err(error) if !self.engine.shutdown_requested() => {
+                    tracing::warn!(%error, "cannot read committed offsets yet; retrying");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(error) => anyhow::bail!("reading committed offsets: {error}"),
+            }
+        }
+    }
+
+    /// Final commit and flush on shutdown.
+    pub fn close(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        self.commit(consumer)?;
+        self.delivery.close();
+        Ok(())
+    }
+
+    /// Opens (and restores) the tasks of newly assigned partitions.
+    pub fn assign(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partitions: &TopicPartitionList,
+    ) -> anyhow::Result<()> {
+        self.metrics.set_ready(false);
+        let mut task_partitions: Vec<i32> = partitions
+            .elements()
+            .iter()
+            .filter(|e| {
+                self.engine
+                    .subscription_index(e.topic())
+                    .is_some_and(|i| self.engine.subscriptions()[i].route.feeds_task())
+            })
+            .map(|e| e.partition())
+            .collect();
+        task_partitions.sort_unstable();
+        task_partitions.dedup();
+        for partition in task_partitions {
+            if self.engine.has_task(partition) {
+                continue;
+            }
+            let started = Instant::now();
+            let store = self.open_store(consumer, partition)?;
+            self.engine.open_task(partition, store)?;
+            tracing::info!(
+                partition,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "task ready"
+            );
+        }
+        self.metrics.publish(self.engine.snapshot());
+        self.metrics.set_ready(true);
+        Ok(())
+    }
+
+    /// Opens task `partition`'s store and brings it up to date.
+    ///
+    /// Under exactly-once, local state is committed state: replay the
+    /// changelog past its checkpoint. Under at-least-once, state, changelog
+    /// and offsets are not committed atomically, so the local store (written
+    /// in one batch with the input positions it reflects) is trusted as it is
+    /// when no other instance has committed past it; records below its
+    /// positions are then skipped instead of applied twice. Otherwise the
+    /// local copy is stale: it is dropped and rebuilt from the changelog.
+    fn open_store(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partition: i32,
+    ) -> anyhow::Result<TaskStore> {
+        let path = self.state_dir.join(format!("task-{partition}"));
+        let store_names = self.engine.store_names().to_vec();
+        let mut store = TaskStore::open(&path, &store_names, &self.resources)?;
+        let task_topics = self.engine.task_topics();
+        let names: Vec<&str> = task_topics.iter().map(|(_, name)| name.as_str()).collect();
+        let at_least_once = self.guarantee == ProcessingGuarantee::AtLeastOnce;
+        let local = stored_positions(&mut store, &names)?;
+        let mut replay = true;
+        if at_least_once && local.iter().any(Option::is_some) {
+            let committed = committed_for(consumer, &names, partition)?;
+            let stale = local
+                .iter()
+                .zip(&committed)
+                .any(|(local, committed)| committed.is_some_and(|c| local.is_none_or(|l| c > l)));
+            if stale {
+                tracing::info!(
+                    partition,
+                    "local state is behind the committed offsets; rebuilding it"
+                );
+                drop(store);
+                std::fs::remove_dir_all(&path)?;
+                store = TaskStore::open(&path, &store_names, &self.resources)?;
+            } else {
+                replay = false;
+            }
+        }
+        if replay {
+            let changelogs = self.engine.changelog_topics();
+            let restored = self.restorer.restore(&mut store, &changelogs, partition)?;
+            self.engine.count_restored(restored);
+        }
+        if at_least_once {
+            for ((index, _), position) in task_topics
+                .iter()
+                .zip(stored_positions(&mut store, &names)?)
+            {
+                if let Some(position) = position {
+                    self.engine.skip_below(*index, partition, position);
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// Commits, then closes the tasks of revoked partitions.
+    pub fn revoke(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partitions: &TopicPartitionList,
+    ) -> anyhow::Result<()> {
+        self.commit(consumer)?;
+        for element in partitions.elements() {
+            if let Some(index) = self.engine.subscription_index(element.topic()) {
+                self.engine.release(index, element.partition());
+            }
+        }
+        self.metrics.publish(self.engine.snapshot());
+        Ok(())
+    }
+}
+
+/// The group's committed offsets of `topics` at `partition`.
+fn committed_for<P: Processor>(
+    consumer: &GroupConsumer<P>,
+    topics: &[&str],
+    partition: i32,
+) -> anyhow::Result<Vec<Option<i64>>> {
+    let mut request = TopicPartitionList::new();
+    for topic in topics {
+        request.add_partition(topic, partition);
+    }
+    let committed = consumer.committed_offsets(request, Duration::from_secs(30))?;
+    Ok(topics
+        .iter()
+        .map(|topic| {
+            match committed
+                .find_partition(topic, partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(offset)) => Some(offset),
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// Records handled between two checks of timers, idleness and the commit interval.
+const MAX_BATCH: usize = 1_000;
+
+/// Runs the stage until `shutdown`, then commits and leaves the group. After
+/// a failure the tasks hold uncommitted, possibly half-done work: the stage
+/// is dropped unseen, so that leaving the group (whose revocation would
+/// commit) commits nothing, and the next owner starts from the last commit.
+pub(crate) fn run_stage<P: Processor>(
+    consumer: GroupConsumer<P>,
+    shutdown: &AtomicBool,
+) -> anyhow::Result<()> {
+    let result = process_until_shutdown(&consumer, shutdown);
+    let closed = {
+        let mut guard = consumer.context().stage.lock().unwrap();
+        match &result {
+            Ok(()) => guard
+                .as_mut()
+                .map_or(Ok(()), |stage| stage.close(&consumer)),
+            Err(_) => {
+                guard.take();
+                Ok(())
+            }
+        }
+    };
+    // Leaving the group serves the revocation callback, which must find the
+    // stage unlocked.
+    consumer.unsubscribe();
+    drop(consumer);
+    result.and(closed)
+}
+
+/// The main loop. The stage's lock is never held while polling, because
+/// rebalance callbacks run inside `poll` and take it.
+fn process_until_shutdown<P: Processor>(
+    consumer: &GroupConsumer<P>,
+    shutdown: &AtomicBool,
+) -> anyhow::Result<()> {
+    let mut last_poll_error = None::<Instant>;
+    while !shutdown.load(Ordering::Relaxed) {
+        // Wait briefly for the first record, then take what is already there.
+        let mut timeout = Duration::from_millis(20);
+        for _ in 0..MAX_BATCH {
+            let Some(polled) = consumer.poll(timeout) else {
+                break;
+            };
+            timeout = Duration::ZERO;
+            let mut guard = consumer.context().stage.lock().unwrap();
+            let stage = guard.as_mut().expect("stage present while running");
+            if let Some(error) = stage.fatal.take() {
+                return Err(error);
+            }
+            match polled {
+                Ok(message) => stage.handle(&message)?,
+                Err(error) => {
+                    if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(%error, "consumer error (retrying)");
+                        last_poll_error = Some(Instant::now());
+                    }
+                    break;
+                }
+            }
+            if stage.engine.commit_due() {
+                break;
+            }
+        }
+        let mut guard = consumer.context().stage.lock().unwrap();
+        let stage = guard.as_mut().expect("stage present while running");
+        if let Some(error) = stage.fatal.take() {
+            return Err(error);
+        }
+        stage.tick(consumer)?;
+    }
+    tracing::info!("shutdown requested; committing and closing");
+    Ok(())
+}

@@ -1,0 +1,447 @@
+//! Starting a stage: checking and creating its topics, registering its
+//! output schema, building its clients and its engine.
+//!
+//! [`wire_stage`] turns a topology into an engine once partition counts are
+//! known; both the Kafka stage and the test driver build engines with it, so
+//! that routes, internal topic names and store lists cannot drift apart.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::ClientConfig;
+
+use crate::avro::{leak_schema, AvroEncoder, Registry};
+use crate::clock::Clock;
+use crate::collector::Collector;
+use crate::config::{ProcessingGuarantee, RuntimeArgs};
+use crate::delivery::Delivery;
+use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, StageContext};
+use crate::engine::{
+    Engine, EngineParts, EngineSettings, InputRuntime, Rekeying, Route, SideTopics, Subscription,
+};
+use crate::metrics::Metrics;
+use crate::output::OutputEncoder;
+use crate::processor::Processor;
+use crate::restore::Restorer;
+use crate::state::store::StateResources;
+use crate::task::{EventTimeSettings, InputKind};
+use crate::time::Idleness;
+use crate::topics::Admin;
+use crate::topology::{all_stores, InputSpec, Sink, Source, Topology};
+
+/// What every stage of a service shares while starting.
+pub(crate) struct ServiceEnv {
+    pub args: RuntimeArgs,
+    pub application_id: String,
+    pub runtime: tokio::runtime::Handle,
+    pub client_config: ClientConfig,
+    pub admin: Admin,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: Arc<AtomicBool>,
+    /// The partition count of the stage that writes each link, by link name.
+    pub link_writers: HashMap<&'static str, usize>,
+}
+
+/// One input topic of a stage, resolved.
+pub(crate) struct SourceTopic {
+    pub topic: String,
+    /// Whether partition *p* goes to task *p* (not re-keyed first).
+    pub co_partitioned: bool,
+    /// For a stage link: the writing stage's partition count.
+    pub link_writers: Option<usize>,
+}
+
+/// The topic of each input, with how it reaches the stage's tasks.
+pub(crate) fn resolve_sources<I>(
+    inputs: &[InputSpec<I>],
+    application_id: &str,
+    link_writers: &HashMap<&'static str, usize>,
+) -> anyhow::Result<Vec<SourceTopic>> {
+    inputs
+        .iter()
+        .map(|input| match &input.source {
+            Source::Topic(topic) => Ok(SourceTopic {
+                topic: topic.clone(),
+                co_partitioned: input.repartition.is_none(),
+                link_writers: None,
+            }),
+            Source::Link(link) => {
+                anyhow::ensure!(
+                    input.repartition.is_none(),
+                    "stage link {} cannot be repartitioned again",
+                    link.name
+                );
+                let writers = link_writers.get(link.name).copied().ok_or_else(|| {
+                    anyhow::anyhow!("stage link {} is written by no earlier stage", link.name)
+                })?;
+                Ok(SourceTopic {
+                    topic: link.topic(application_id),
+                    co_partitioned: true,
+                    link_writers: Some(writers),
+                })
+            }
+        })
+        .collect()
+}
+
+/// The partition count every co-partitioned input shares; inputs that
+/// disagree make the service refuse to start.
+pub(crate) fn co_partition_count(
+    sources: &[SourceTopic],
+    counts: &HashMap<String, usize>,
+) -> anyhow::Result<usize> {
+    let direct: Vec<(&str, usize)> = sources
+        .iter()
+        .filter(|s| s.co_partitioned)
+        .map(|s| (s.topic.as_str(), counts[&s.topic]))
+        .collect();
+    if let Some((_, first)) = direct.first() {
+        if direct.iter().any(|(_, count)| count != first) {
+            let listing: Vec<String> = direct
+                .iter()
+                .map(|(topic, count)| format!("{topic} has {count}"))
+                .collect();
+            anyhow::bail!(
+                "input topics are not co-partitioned: {}; they must have the same number of partitions",
+                listing.join(", ")
+            );
+        }
+        return Ok(*first);
+    }
+    Ok(counts.values().copied().max().unwrap_or(1))
+}
+
+/// The topics a stage writes and owns, named and sized.
+pub(crate) struct StageTopics {
+    pub output: String,
+    /// When the output is a stage link: its partition count.
+    pub link_partitions: Option<usize>,
+    pub dead_letters: String,
+    pub late: Option<String>,
+    /// Repartition topics, each with the stage's partition count.
+    pub repartitions: Vec<String>,
+    pub store_names: Vec<String>,
+    pub changelogs: Vec<String>,
+}
+
+/// Names every topic stage `application_id` writes.
+pub(crate) fn stage_topics<I, P: Processor>(
+    topology: &Topology<I>,
+    service_application_id: &str,
+    application_id: &str,
+    partitions: usize,
+    late_topic: Option<String>,
+) -> anyhow::Result<StageTopics> {
+    let (output, link_partitions) = match &topology.sink {
+        Sink::Topic(topic) => (topic.clone(), None),
+        Sink::Link(link) => (
+            link.topic(service_application_id),
+            Some(if link.single_partition { 1 } else { partitions }),
+        ),
+    };
+    let store_names = all_stores(P::STORES)?;
+    let changelogs = store_names
+        .iter()
+        .map(|store| format!("{application_id}-{store}-changelog"))
+        .collect();
+    let repartitions = topology
+        .inputs
+        .iter()
+        .filter_map(|input| input.repartition.as_ref())
+        .map(|repartition| format!("{application_id}-{}-repartition", repartition.name))
+        .collect();
+    Ok(StageTopics {
+        output,
+        link_partitions,
+        dead_letters: format!("{service_application_id}-dlq"),
+        late: late_topic,
+        repartitions,
+        store_names,
+        changelogs,
+    })
+}
+
+/// How a stage's event time and merging behave.
+pub(crate) struct TimeSettings {
+    pub commit_interval: std::time::Duration,
+    pub max_task_idle: std::time::Duration,
+    pub idleness: Idleness,
+}
+
+/// Builds a stage's engine from its topology, once its topics exist.
+/// `counts` has the partition count of every source topic.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn wire_stage<P: Processor>(
+    topology: Topology<P::Input>,
+    processor: P,
+    sources: &[SourceTopic],
+    counts: &HashMap<String, usize>,
+    topics: &StageTopics,
+    partitions: usize,
+    output_schema_id: u32,
+    time: TimeSettings,
+    registry: Registry,
+    clock: Clock,
+    shutdown: Arc<AtomicBool>,
+) -> anyhow::Result<Engine<P>> {
+    let mut collector = Collector::default();
+    let output_schema = leak_schema(&topology.output_schema)?;
+    let output = OutputEncoder::new(
+        collector.topic(&topics.output),
+        AvroEncoder::new(output_schema, output_schema_id)?,
+    );
+    let side = SideTopics {
+        dead_letters: collector.topic(&topics.dead_letters),
+        late: topics.late.as_deref().map(|late| collector.topic(late)),
+        changelogs: topics
+            .changelogs
+            .iter()
+            .map(|topic| collector.topic(topic))
+            .collect(),
+    };
+    let mut subscriptions = Vec::new();
+    let mut inputs = Vec::with_capacity(topology.inputs.len());
+    let mut repartition_topics = topics.repartitions.iter();
+    for (slot, (input, source)) in topology.inputs.into_iter().zip(sources).enumerate() {
+        let (kind, rekeying) = match input.repartition {
+            None => {
+                let (route, kind) = match source.link_writers {
+                    None => (Route::Task { slot }, InputKind::Direct),
+                    Some(writers) => (Route::Shuffled { slot }, InputKind::Shuffled { writers }),
+                };
+                subscriptions.push(Subscription {
+                    topic: source.topic.clone(),
+                    route,
+                });
+                (kind, None)
+            }
+            Some(repartition) => {
+                let topic = repartition_topics
+                    .next()
+                    .expect("a topic name per repartitioning")
+                    .clone();
+                subscriptions.push(Subscription {
+                    topic: source.topic.clone(),
+                    route: Route::Rekey { slot },
+                });
+                subscriptions.push(Subscription {
+                    topic: topic.clone(),
+                    route: Route::Shuffled { slot },
+                });
+                let rekeying = Rekeying {
+                    topic: collector.topic(&topic),
+                    rekey: repartition.rekey,
+                    downstream_partitions: partitions,
+                };
+                let writers = counts[&source.topic];
+                (InputKind::Shuffled { writers }, Some(rekeying))
+            }
+        };
+        inputs.push(InputRuntime {
+            decode: input.decode,
+            kind,
+            rekeying,
+        });
+    }
+    let settings = EngineSettings {
+        commit_interval: time.commit_interval,
+        event_time: EventTimeSettings {
+            max_out_of_orderness: topology.max_out_of_orderness,
+            idleness: time.idleness,
+        },
+        max_task_idle: time.max_task_idle,
+        store_names: topics.store_names.clone(),
+        link_partitions: topics.link_partitions,
+    };
+    Ok(Engine::new(EngineParts {
+        settings,
+        processor,
+        inputs,
+        subscriptions,
+        collector,
+        output,
+        side,
+        registry,
+        clock,
+        shutdown,
+    }))
+}
+
+/// A stable id for this instance's state directory, used in the
+/// transactional id so that a restarted instance fences its predecessor.
+fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
+    let path = state_dir.join("instance.id");
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        return Ok(existing.trim().to_string());
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    let id = format!("{:x}{:x}", nanos, std::process::id());
+    std::fs::write(&path, &id)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    Ok(id)
+}
+
+/// Checks and creates stage `name`'s topics, builds its clients and engine,
+/// and subscribes its consumer.
+pub(crate) fn prepare_stage<P: Processor>(
+    env: &mut ServiceEnv,
+    name: Option<&'static str>,
+    topology: Topology<P::Input>,
+    processor: P,
+) -> anyhow::Result<GroupConsumer<P>> {
+    let args = &env.args;
+    let admin = &env.admin;
+    let application_id = match name {
+        None => env.application_id.clone(),
+        Some(name) => format!("{}-{name}", env.application_id),
+    };
+    // Late records and idle inputs concern the service's input topics,
+    // which only the first stage reads. A later stage's clock follows the
+    // watermarks announced on its links (which already move with idleness
+    // upstream), except that an upstream task never heard from (its input
+    // partition received nothing) stops holding it back.
+    let first_stage = name.is_none();
+    let late_topic = args.late_topic.clone().filter(|_| first_stage);
+    let idleness = match args.idle_timeout.map(|d| d.as_std()) {
+        None => Idleness::Off,
+        Some(timeout) if first_stage => Idleness::Inputs(timeout),
+        Some(timeout) => Idleness::Upstreams(timeout),
+    };
+    let state_dir = args.state_dir.join(&application_id);
+    std::fs::create_dir_all(&state_dir).map_err(|e| {
+        anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())
+    })?;
+
+    // Startup checks: broker, inputs, co-partitioning.
+    let sources = resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
+    let source_names: Vec<&str> = sources.iter().map(|s| s.topic.as_str()).collect();
+    let counts = admin.wait_for_topics(&source_names, args.topic_wait.as_std())?;
+    let partitions = co_partition_count(&sources, &counts)?;
+
+    // Internal and output topics.
+    let topics = stage_topics::<_, P>(
+        &topology,
+        &env.application_id,
+        &application_id,
+        partitions,
+        late_topic,
+    )?;
+    admin.ensure_topic(&topics.dead_letters, 1, &[])?;
+    if let Some(late) = &topics.late {
+        admin.ensure_topic(late, partitions, &[])?;
+    }
+    match topics.link_partitions {
+        None => {
+            admin.ensure_topic(&topics.output, partitions, &[])?;
+        }
+        Some(expected) => {
+            let count = admin.ensure_topic(&topics.output, expected, &[])?;
+            anyhow::ensure!(
+                count == expected,
+                "stage link topic {} has {count} partitions, expected {expected}",
+                topics.output
+            );
+            if let Sink::Link(link) = &topology.sink {
+                env.link_writers.insert(link.name, partitions);
+            }
+        }
+    }
+    for topic in &topics.changelogs {
+        let count = admin.ensure_topic(topic, partitions, &[("cleanup.policy", "compact")])?;
+        anyhow::ensure!(
+            count == partitions,
+            "changelog topic {topic} has {count} partitions but the inputs have {partitions}; \
+             the partition count of a stateful application cannot change (use a new --application-id)"
+        );
+    }
+    for topic in &topics.repartitions {
+        let count = admin.ensure_topic(topic, partitions, &[])?;
+        anyhow::ensure!(
+            count == partitions,
+            "repartition topic {topic} has {count} partitions, expected {partitions}"
+        );
+    }
+
+    // Schemas: the output's is registered once, here.
+    let registry = Registry::new(&args.schema_registry_url, env.runtime.clone())?;
+    let subject = format!("{}-value", topics.output);
+    let schema_id = registry
+        .register(&subject, &topology.output_schema)
+        .map_err(|e| anyhow::anyhow!("cannot register the output schema under {subject}: {e}"))?;
+
+    let engine = wire_stage(
+        topology,
+        processor,
+        &sources,
+        &counts,
+        &topics,
+        partitions,
+        schema_id,
+        TimeSettings {
+            commit_interval: args.commit_interval.as_std(),
+            max_task_idle: args.max_task_idle.as_std(),
+            idleness,
+        },
+        registry,
+        Clock::System,
+        env.shutdown.clone(),
+    )?;
+
+    // Clients.
+    let transactional_id = match args.processing_guarantee {
+        ProcessingGuarantee::ExactlyOnceV2 => {
+            Some(format!("{application_id}-{}", instance_id(&state_dir)?))
+        }
+        ProcessingGuarantee::AtLeastOnce => None,
+    };
+    let delivery = Delivery::new(env.client_config.clone(), transactional_id.as_deref())?;
+    let restorer = Restorer::new(&env.client_config, &application_id)?;
+    let memory_limit =
+        usize::try_from(args.state_memory_limit.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    let subscription: Vec<String> = engine
+        .subscriptions()
+        .iter()
+        .map(|s| s.topic.clone())
+        .collect();
+    let stage = KafkaStage {
+        engine,
+        delivery,
+        restorer,
+        guarantee: args.processing_guarantee,
+        state_dir,
+        resources: StateResources::new(memory_limit),
+        metrics: env.metrics.add_stage(name),
+        fatal: None,
+    };
+
+    let mut consumer_config = env.client_config.clone();
+    consumer_config
+        .set("group.id", &application_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("partition.assignment.strategy", "range")
+        .set("enable.partition.eof", "false");
+    let context = StageContext {
+        stage: Mutex::new(Some(stage)),
+    };
+    let consumer: GroupConsumer<P> = consumer_config
+        .create_with_context(context)
+        .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
+    let subscription: Vec<&str> = subscription.iter().map(String::as_str).collect();
+    consumer.subscribe(&subscription)?;
+    tracing::info!(
+        application_id,
+        partitions,
+        topics = ?subscription,
+        guarantee = ?args.processing_guarantee,
+        "started"
+    );
+    Ok(consumer)
+}

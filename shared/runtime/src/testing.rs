@@ -1,0 +1,1016 @@
+//! A test driver: a service's real topology and processor, run without a
+//! broker or a schema registry — the counterpart of Kafka Streams'
+//! `TopologyTestDriver`.
+//!
+//! The driver builds every stage of a [`Pipeline`] exactly as a service does
+//! (same routes, internal topics, stores and engine), on RocksDB in a
+//! temporary directory, with in-memory topics, an in-memory schema registry
+//! and a clock that moves only when told. What runs is the real task code:
+//! decoding, dead letters, the merge of inputs by event time, lateness,
+//! watermarks, timers of both time domains, state, repartitioning between
+//! tasks of several partitions, stage links, commits and rollbacks.
+//!
+//! * [`pipe`](TestDriver::pipe) a record (key and JSON value, whose event-time
+//!   field sets its event time) to an input topic, to the partition its key
+//!   hashes to or to a [chosen one](TestDriver::pipe_to); or
+//!   [raw bytes](TestDriver::pipe_raw), for dead-letter tests. Each record is
+//!   processed at once, together with everything it causes downstream.
+//! * [`advance_time`](TestDriver::advance_time) moves the wall clock:
+//!   `--max-task-idle` waits, idle timeouts and wall-clock timers, and a
+//!   commit once the commit interval has passed.
+//! * [`commit`](TestDriver::commit) commits every stage (and lets later stages
+//!   read the watermarks it announces); [`crash`](TestDriver::crash) drops all
+//!   uncommitted work and restarts every stage from its committed state, which
+//!   [`crash_losing_state`](TestDriver::crash_losing_state) first deletes, so
+//!   that it is restored from the changelogs.
+//! * [`read`](TestDriver::read) any topic (outputs, dead letters, late
+//!   records) as JSON, [`state`](TestDriver::state) reads a store, and
+//!   [`metrics`](TestDriver::metrics) every counter.
+//!
+//! Records written by a stage are visible at once, also before a commit; a
+//! crash removes those not committed, as an aborted transaction would for a
+//! `read_committed` consumer.
+//!
+//! # Example
+//!
+//! ```
+//! use serde::Serialize;
+//! use streams_runtime::prelude::*;
+//! use streams_runtime::testing::TestDriver;
+//!
+//! #[derive(Debug, serde::Deserialize)]
+//! struct Click { user: String, at: i64 }
+//!
+//! #[derive(Serialize)]
+//! struct Count { user: String, clicks: i64 }
+//!
+//! streams_runtime::stores! { CLICKS: ValueState<i64> = "clicks"; }
+//!
+//! /// Counts clicks per user; emits a user's count when the watermark passes
+//! /// a minute after their first click.
+//! #[derive(Clone)]
+//! struct Counter;
+//!
+//! streams_runtime::timer_names! { enum CounterTimer { Report = "report" } }
+//!
+//! impl Processor for Counter {
+//!     type Input = Click;
+//!     type Output = Count;
+//!     type Timers = CounterTimer;
+//!     const STORES: &'static [&'static str] = STORES;
+//!
+//!     fn process(&mut self, ctx: &mut Context<'_, Self>, record: Record<'_, Click>) -> anyhow::Result<()> {
+//!         let user = record.value.user;
+//!         let clicks = ctx.get(&CLICKS, &user)?.unwrap_or(0);
+//!         if clicks == 0 {
+//!             ctx.set_timer(&user, CounterTimer::Report, record.event_time + 60_000);
+//!         }
+//!         ctx.put(&CLICKS, &user, &(clicks + 1))
+//!     }
+//!
+//!     fn on_timer(&mut self, ctx: &mut Context<'_, Self>, timer: Timer<'_, CounterTimer>) -> anyhow::Result<()> {
+//!         let clicks = ctx.get(&CLICKS, timer.key)?.unwrap_or(0);
+//!         ctx.delete(&CLICKS, timer.key);
+//!         ctx.emit(Some(timer.key), &Count { user: timer.key.to_string(), clicks })
+//!     }
+//! }
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! let click_schema = r#"{"type": "record", "name": "Click", "fields": [
+//!     {"name": "user", "type": "string"}, {"name": "at", "type": "long"}]}"#;
+//! let count_schema = r#"{"type": "record", "name": "Count", "fields": [
+//!     {"name": "user", "type": "string"}, {"name": "clicks", "type": "long"}]}"#;
+//! let topology = Topology::new("click-counter", "counts", count_schema)
+//!     .input(InputStream::new("clicks", click_schema, |c: &Click| c.at, |c| c)?);
+//! let args = streams_runtime::testing::runtime_args(&[])?;
+//! let mut driver = TestDriver::new(Pipeline::new(args, topology, Counter))?;
+//!
+//! driver.pipe("clicks", Some("ada"), serde_json::json!({"user": "ada", "at": 1_000}))?;
+//! driver.pipe("clicks", Some("ada"), serde_json::json!({"user": "ada", "at": 2_000}))?;
+//! assert!(driver.read("counts")?.is_empty(), "the watermark has not passed 61 s yet");
+//!
+//! driver.pipe("clicks", Some("bob"), serde_json::json!({"user": "bob", "at": 61_000}))?;
+//! let counts = driver.read("counts")?;
+//! assert_eq!(counts.len(), 1);
+//! assert_eq!(counts[0].value, Some(serde_json::json!({"user": "ada", "clicks": 2})));
+//! assert_eq!(driver.state(&CLICKS, "bob")?, Some(1));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::avro::json::{format_line, parse_line};
+use crate::avro::{split_wire_format, AvroEncoder, Registry};
+use crate::clock::{Clock, ManualTime};
+use crate::collector::Headers;
+use crate::engine::{Engine, Incoming, Subscription};
+use crate::metrics::Snapshot;
+use crate::processor::{MapState, Processor, ValueState};
+use crate::startup::{
+    co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, TimeSettings,
+};
+use crate::state::codec::{decode_value, map_prefix, MapKey};
+use crate::state::store::{StateResources, TaskStore};
+use crate::time::Idleness;
+use crate::topology::{Source, Topology};
+use crate::watermark::Announcement;
+use crate::Pipeline;
+
+/// The wall-clock time (epoch milliseconds) at which a driver starts:
+/// 2024-01-01T00:00:00Z.
+pub const START_EPOCH_MS: i64 = 1_704_067_200_000;
+
+/// The common flags parsed from `flags` (say `["--late-topic", "late"]`),
+/// for pipelines built in tests from a topology rather than from a
+/// service's own settings.
+pub fn runtime_args(flags: &[&str]) -> anyhow::Result<crate::RuntimeArgs> {
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        runtime: crate::RuntimeArgs,
+    }
+    let argv = std::iter::once("test").chain(flags.iter().copied());
+    Ok(<Flags as clap::Parser>::try_parse_from(argv)?.runtime)
+}
+
+/// A record read back from a topic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicRecord {
+    pub partition: i32,
+    pub offset: i64,
+    /// The key as text (lossy for keys that are not UTF-8).
+    pub key: Option<String>,
+    /// The value decoded with the schema its wire-format header names, as
+    /// JSON in the fixtures' format; `None` when absent or not decodable.
+    pub value: Option<serde_json::Value>,
+    /// The value's bytes.
+    pub raw: Option<Vec<u8>>,
+    /// Headers as text (dead-letter provenance, say); watermarks excluded.
+    pub headers: Vec<(String, String)>,
+}
+
+impl TopicRecord {
+    /// The record as a fixture line's JSON: `{"key": ..., "value": ...}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"key": self.key, "value": self.value})
+    }
+
+    /// The value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// One record of an in-memory topic.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredRecord {
+    /// Global order of appends, which is the order stages consume in.
+    sequence: u64,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    announcement: Option<Announcement>,
+    headers: Vec<(String, String)>,
+    /// Written by a stage and not yet committed.
+    pending: bool,
+    /// Written by a stage whose work was dropped by a crash: invisible.
+    aborted: bool,
+}
+
+/// An in-memory topic.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryTopic {
+    partitions: Vec<Vec<StoredRecord>>,
+}
+
+/// A stage as the driver runs it.
+pub(crate) trait DriverStage {
+    fn subscriptions(&self) -> Vec<Subscription>;
+    fn handle(&mut self, message: Incoming<'_>) -> anyhow::Result<()>;
+    fn tick(&mut self) -> anyhow::Result<()>;
+    fn commit_due(&self) -> bool;
+    /// Collects what goes out with a commit; returns the input positions.
+    fn prepare_commit(&mut self) -> Vec<(usize, i32, i64)>;
+    fn commit_succeeded(&mut self, checkpoints: &HashMap<(String, i32), i64>)
+        -> anyhow::Result<()>;
+    /// Drops uncommitted work and reopens every task from its store on disk,
+    /// after deleting it (and replaying `changelogs`) when `lose_state`.
+    fn restart(
+        &mut self,
+        lose_state: bool,
+        topics: &BTreeMap<String, MemoryTopic>,
+    ) -> anyhow::Result<()>;
+    /// Hands every collected record to `sink`.
+    fn drain(&mut self, sink: &mut dyn FnMut(&str, Option<i32>, StoredRecord));
+    fn snapshot(&self) -> Snapshot;
+    /// The bytes of every entry of store `name` whose key starts with
+    /// `prefix`, across tasks (uncommitted changes included).
+    fn scan(&mut self, name: &str, prefix: &[u8]) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>>;
+}
+
+/// A stage's engine over task stores in `dir`.
+struct EngineStage<P: Processor> {
+    engine: Engine<P>,
+    dir: PathBuf,
+    partitions: usize,
+    resources: StateResources,
+}
+
+impl<P: Processor> EngineStage<P> {
+    fn open_tasks(&mut self) -> anyhow::Result<()> {
+        for partition in 0..self.partitions as i32 {
+            let store = TaskStore::open(
+                &self.task_dir(partition),
+                self.engine.store_names(),
+                &self.resources,
+            )?;
+            self.engine.open_task(partition, store)?;
+        }
+        Ok(())
+    }
+
+    fn task_dir(&self, partition: i32) -> PathBuf {
+        self.dir.join(format!("task-{partition}"))
+    }
+}
+
+impl<P: Processor> DriverStage for EngineStage<P> {
+    fn subscriptions(&self) -> Vec<Subscription> {
+        self.engine.subscriptions().to_vec()
+    }
+
+    fn handle(&mut self, message: Incoming<'_>) -> anyhow::Result<()> {
+        self.engine.handle(message)
+    }
+
+    fn tick(&mut self) -> anyhow::Result<()> {
+        self.engine.tick()
+    }
+
+    fn commit_due(&self) -> bool {
+        self.engine.commit_due()
+    }
+
+    fn prepare_commit(&mut self) -> Vec<(usize, i32, i64)> {
+        self.engine.prepare_commit()
+    }
+
+    fn commit_succeeded(
+        &mut self,
+        checkpoints: &HashMap<(String, i32), i64>,
+    ) -> anyhow::Result<()> {
+        let started = std::time::Instant::now();
+        let changelogs = self.engine.changelog_topics();
+        self.engine.commit_succeeded(|changelog| {
+            checkpoints
+                .get(&(changelogs[changelog.store].clone(), changelog.partition))
+                .copied()
+        })?;
+        self.engine.commit_finished(started);
+        Ok(())
+    }
+
+    fn restart(
+        &mut self,
+        lose_state: bool,
+        topics: &BTreeMap<String, MemoryTopic>,
+    ) -> anyhow::Result<()> {
+        self.engine.roll_back()?;
+        let subscriptions = self.engine.subscriptions().len();
+        for partition in 0..self.partitions as i32 {
+            for subscription in 0..subscriptions {
+                self.engine.release(subscription, partition);
+            }
+        }
+        if !lose_state {
+            return self.open_tasks();
+        }
+        let changelogs = self.engine.changelog_topics();
+        for partition in 0..self.partitions as i32 {
+            let dir = self.task_dir(partition);
+            std::fs::remove_dir_all(&dir)?;
+            let mut store = TaskStore::open(&dir, self.engine.store_names(), &self.resources)?;
+            for (store_index, changelog) in changelogs.iter().enumerate() {
+                let Some(records) = topics
+                    .get(changelog)
+                    .and_then(|topic| topic.partitions.get(partition as usize))
+                else {
+                    continue;
+                };
+                let committed: Vec<(Vec<u8>, Option<Vec<u8>>)> = records
+                    .iter()
+                    .filter(|record| !record.pending && !record.aborted)
+                    .map(|record| (record.key.clone().unwrap_or_default(), record.value.clone()))
+                    .collect();
+                if !records.is_empty() {
+                    let last = records.len() as i64 - 1;
+                    store.write_restored(store_index, &committed, last)?;
+                    self.engine.count_restored(committed.len() as u64);
+                }
+            }
+            drop(store);
+        }
+        self.open_tasks()
+    }
+
+    fn drain(&mut self, sink: &mut dyn FnMut(&str, Option<i32>, StoredRecord)) {
+        self.engine.collector.drain(|record| {
+            let announcement = match record.headers {
+                Headers::Watermark(announcement) => Some(*announcement),
+                _ => None,
+            };
+            let headers = match record.headers {
+                Headers::DeadLetter(dead) => vec![
+                    ("dlq.error.kind".to_string(), dead.error_kind.to_string()),
+                    (
+                        "dlq.error.message".to_string(),
+                        record.text(&dead.message).to_string(),
+                    ),
+                    (
+                        "dlq.source.topic".to_string(),
+                        record.topic_name(dead.source_topic).to_string(),
+                    ),
+                    (
+                        "dlq.source.partition".to_string(),
+                        dead.partition.to_string(),
+                    ),
+                    ("dlq.source.offset".to_string(), dead.offset.to_string()),
+                ],
+                _ => Vec::new(),
+            };
+            sink(
+                record.topic,
+                record.partition,
+                StoredRecord {
+                    sequence: 0,
+                    key: record.key.map(<[u8]>::to_vec),
+                    value: record.value.map(<[u8]>::to_vec),
+                    announcement,
+                    headers,
+                    pending: true,
+                    aborted: false,
+                },
+            );
+        });
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        self.engine.snapshot()
+    }
+
+    fn scan(&mut self, name: &str, prefix: &[u8]) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut entries = Vec::new();
+        for task in self.engine.tasks_mut().values_mut() {
+            if let Some(index) = task.store.index_of(name) {
+                entries.extend(task.store.scan_prefix(index, prefix)?);
+            }
+        }
+        Ok(entries)
+    }
+}
+
+/// What building the driver's stages shares (like the service's startup).
+pub(crate) struct DriverEnv {
+    application_id: String,
+    registry: Registry,
+    clock: Clock,
+    shutdown: Arc<AtomicBool>,
+    dir: PathBuf,
+    /// Partition counts of every topic known so far.
+    partitions: HashMap<String, usize>,
+    default_partitions: usize,
+    link_writers: HashMap<&'static str, usize>,
+    /// Reader schemas of the input topics, for piping JSON.
+    input_schemas: HashMap<String, &'static apache_avro::Schema>,
+    args: crate::RuntimeArgs,
+}
+
+/// Builds one stage of a pipeline for the driver (see `app.rs`).
+pub(crate) fn driver_stage<P: Processor>(
+    env: &mut DriverEnv,
+    name: Option<&'static str>,
+    topology: Topology<P::Input>,
+    processor: P,
+) -> anyhow::Result<Box<dyn DriverStage>> {
+    let application_id = match name {
+        None => env.application_id.clone(),
+        Some(name) => format!("{}-{name}", env.application_id),
+    };
+    let first_stage = name.is_none();
+    let late_topic = env.args.late_topic.clone().filter(|_| first_stage);
+    let idleness = match env.args.idle_timeout.map(|d| d.as_std()) {
+        None => Idleness::Off,
+        Some(timeout) if first_stage => Idleness::Inputs(timeout),
+        Some(timeout) => Idleness::Upstreams(timeout),
+    };
+    let sources: Vec<SourceTopic> =
+        resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
+    for (input, source) in topology.inputs.iter().zip(&sources) {
+        if let Source::Topic(topic) = &input.source {
+            env.input_schemas.insert(topic.clone(), input.schema);
+        }
+        let default = env.default_partitions;
+        env.partitions
+            .entry(source.topic.clone())
+            .or_insert(default);
+    }
+    let counts: HashMap<String, usize> = sources
+        .iter()
+        .map(|s| (s.topic.clone(), env.partitions[&s.topic]))
+        .collect();
+    let partitions = co_partition_count(&sources, &counts)?;
+    let topics = stage_topics::<_, P>(
+        &topology,
+        &env.application_id,
+        &application_id,
+        partitions,
+        late_topic,
+    )?;
+    env.partitions.insert(
+        topics.output.clone(),
+        topics.link_partitions.unwrap_or(partitions),
+    );
+    env.partitions.insert(topics.dead_letters.clone(), 1);
+    for topic in topics
+        .late
+        .iter()
+        .chain(&topics.repartitions)
+        .chain(&topics.changelogs)
+    {
+        env.partitions.insert(topic.clone(), partitions);
+    }
+    if let crate::topology::Sink::Link(link) = &topology.sink {
+        env.link_writers.insert(link.name, partitions);
+    }
+    let schema_id = env
+        .registry
+        .register(&format!("{}-value", topics.output), &topology.output_schema)?;
+    let engine = wire_stage(
+        topology,
+        processor,
+        &sources,
+        &counts,
+        &topics,
+        partitions,
+        schema_id,
+        TimeSettings {
+            commit_interval: env.args.commit_interval.as_std(),
+            max_task_idle: env.args.max_task_idle.as_std(),
+            idleness,
+        },
+        env.registry.clone(),
+        env.clock.clone(),
+        env.shutdown.clone(),
+    )?;
+    let mut stage = EngineStage {
+        engine,
+        dir: env.dir.join(&application_id),
+        partitions,
+        resources: StateResources::new(64 << 20),
+    };
+    stage.open_tasks()?;
+    Ok(Box::new(stage))
+}
+
+/// Options of a [`TestDriver`] beyond what the pipeline's flags say.
+pub struct TestDriverBuilder {
+    pipeline: Pipeline,
+    default_partitions: usize,
+    partitions: HashMap<String, usize>,
+}
+
+impl TestDriverBuilder {
+    /// Gives every input topic not named in [`topic_partitions`](Self::topic_partitions)
+    /// `count` partitions (default 1).
+    pub fn partitions(mut self, count: usize) -> Self {
+        self.default_partitions = count;
+        self
+    }
+
+    /// Gives input topic `topic` `count` partitions.
+    pub fn topic_partitions(mut self, topic: &str, count: usize) -> Self {
+        self.partitions.insert(topic.to_string(), count);
+        self
+    }
+
+    /// Builds every stage and opens all of their tasks.
+    pub fn build(self) -> anyhow::Result<TestDriver> {
+        static DRIVERS: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "streams-test-driver-{}-{}",
+            std::process::id(),
+            DRIVERS.fetch_add(1, Ordering::Relaxed)
+        ));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        let (clock, time) = Clock::manual(START_EPOCH_MS);
+        let (args, service, specs) = self.pipeline.into_parts();
+        let mut env = DriverEnv {
+            application_id: args.application_id_or(service),
+            registry: Registry::in_memory(),
+            clock,
+            shutdown: Arc::new(AtomicBool::new(false)),
+            dir: dir.clone(),
+            partitions: self.partitions,
+            default_partitions: self.default_partitions,
+            link_writers: HashMap::new(),
+            input_schemas: HashMap::new(),
+            args,
+        };
+        let mut stages = Vec::with_capacity(specs.len());
+        for spec in specs {
+            stages.push(spec.into_driver_stage(&mut env)?);
+        }
+        let topics = env
+            .partitions
+            .iter()
+            .map(|(name, count)| {
+                let topic = MemoryTopic {
+                    partitions: vec![Vec::new(); *count],
+                };
+                (name.clone(), topic)
+            })
+            .collect();
+        let cursors = stages.iter().map(|_| HashMap::new()).collect();
+        let committed = stages.iter().map(|_| HashMap::new()).collect();
+        Ok(TestDriver {
+            stages,
+            topics,
+            registry: env.registry,
+            input_schemas: env.input_schemas,
+            time,
+            dir: TempDir(dir),
+            sequence: 0,
+            cursors,
+            committed,
+        })
+    }
+}
+
+/// Deletes the driver's state directory when the driver goes.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs a pipeline on in-memory topics; see the [module documentation](self).
+pub struct TestDriver {
+    stages: Vec<Box<dyn DriverStage>>,
+    topics: BTreeMap<String, MemoryTopic>,
+    registry: Registry,
+    input_schemas: HashMap<String, &'static apache_avro::Schema>,
+    time: Arc<ManualTime>,
+    dir: TempDir,
+    /// Global append order.
+    sequence: u64,
+    /// Per stage: next offset to read, by (subscription, partition).
+    cursors: Vec<HashMap<(usize, i32), usize>>,
+    /// Per stage: committed next offsets, by (subscription, partition).
+    committed: Vec<HashMap<(usize, i32), usize>>,
+}
+
+impl TestDriver {
+    /// A driver for `pipeline` with one partition per input topic.
+    pub fn new(pipeline: Pipeline) -> anyhow::Result<TestDriver> {
+        Self::builder(pipeline).build()
+    }
+
+    /// A driver for `pipeline`, with options.
+    pub fn builder(pipeline: Pipeline) -> TestDriverBuilder {
+        TestDriverBuilder {
+            pipeline,
+            default_partitions: 1,
+            partitions: HashMap::new(),
+        }
+    }
+
+    /// The directory holding the stages' RocksDB databases.
+    pub fn state_dir(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// Pipes a record whose value is `value` (JSON as in the fixtures,
+    /// written with the topic's reader schema) to `topic`, to the partition
+    /// its key hashes to (murmur2, as the Java producer; keyless: 0), and
+    /// processes it with everything it causes.
+    pub fn pipe(
+        &mut self,
+        topic: &str,
+        key: Option<&str>,
+        value: serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let partition = self.partition_for(topic, key.map(str::as_bytes))?;
+        self.pipe_to(topic, partition, key, value)
+    }
+
+    /// Pipes a record to `partition` of `topic`; see [`pipe`](Self::pipe).
+    pub fn pipe_to(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        key: Option<&str>,
+        value: serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let schema = *self
+            .input_schemas
+            .get(topic)
+            .ok_or_else(|| anyhow::anyhow!("{topic} is not an input topic of this pipeline"))?;
+        let line = serde_json::json!({"key": key, "value": value}).to_string();
+        let parsed = parse_line(&line, schema)?;
+        let id = self
+            .registry
+            .register(&format!("{topic}-value"), &schema.canonical_form())?;
+        let mut bytes = Vec::new();
+        AvroEncoder::new(schema, id)?.encode_value(parsed.value, &mut bytes)?;
+        self.pipe_raw(topic, partition, key.map(str::as_bytes), Some(&bytes))
+    }
+
+    /// Pipes a fixture line, `{"key": ..., "value": {...}}`, to `topic`.
+    pub fn pipe_line(&mut self, topic: &str, line: &str) -> anyhow::Result<()> {
+        let json: serde_json::Value = serde_json::from_str(line)?;
+        let key = json["key"].as_str().map(str::to_string);
+        self.pipe(topic, key.as_deref(), json["value"].clone())
+    }
+
+    /// Pipes a record of raw bytes (not necessarily valid) to `partition` of `topic`.
+    pub fn pipe_raw(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> anyhow::Result<()> {
+        self.append(
+            topic,
+            Some(partition),
+            StoredRecord {
+                sequence: 0,
+                key: key.map(<[u8]>::to_vec),
+                value: value.map(<[u8]>::to_vec),
+                announcement: None,
+                headers: Vec::new(),
+                pending: false,
+                aborted: false,
+            },
+        )?;
+        self.run()
+    }
+
+    /// Moves the wall clock forward by `by`, lets every stage act on it, and
+    /// commits if the commit interval has passed.
+    pub fn advance_time(&mut self, by: Duration) -> anyhow::Result<()> {
+        self.time.advance(by);
+        for index in 0..self.stages.len() {
+            self.stages[index].tick()?;
+            self.collect(index)?;
+        }
+        self.run()?;
+        if self.stages.iter().any(|stage| stage.commit_due()) {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Commits every stage, first to last, and lets later stages act on the
+    /// watermarks the earlier ones announced.
+    pub fn commit(&mut self) -> anyhow::Result<()> {
+        for index in 0..self.stages.len() {
+            let positions = self.stages[index].prepare_commit();
+            self.collect(index)?;
+            for (subscription, partition, next) in positions {
+                self.committed[index].insert((subscription, partition), next as usize);
+            }
+            let mut checkpoints = HashMap::new();
+            for (name, topic) in &mut self.topics {
+                for (partition, records) in topic.partitions.iter_mut().enumerate() {
+                    for record in records.iter_mut() {
+                        record.pending = false;
+                    }
+                    if !records.is_empty() {
+                        checkpoints
+                            .insert((name.clone(), partition as i32), records.len() as i64 - 1);
+                    }
+                }
+            }
+            self.stages[index].commit_succeeded(&checkpoints)?;
+        }
+        self.run()
+    }
+
+    /// Simulates a crash of the whole pipeline and its restart: everything
+    /// not committed is dropped (state, timers, clocks, and records written
+    /// since the last commit), every task reopens from its committed state
+    /// on disk, and inputs are read again from the committed offsets.
+    pub fn crash(&mut self) -> anyhow::Result<()> {
+        self.crash_and_restart(false)
+    }
+
+    /// Like [`crash`](Self::crash), but the local state is lost too: every
+    /// task is restored from its changelog topics.
+    pub fn crash_losing_state(&mut self) -> anyhow::Result<()> {
+        self.crash_and_restart(true)
+    }
+
+    fn crash_and_restart(&mut self, lose_state: bool) -> anyhow::Result<()> {
+        for topic in self.topics.values_mut() {
+            for record in topic.partitions.iter_mut().flatten() {
+                if record.pending {
+                    record.pending = false;
+                    record.aborted = true;
+                }
+            }
+        }
+        for index in 0..self.stages.len() {
+            self.stages[index].restart(lose_state, &self.topics)?;
+            self.cursors[index] = self.committed[index].clone();
+        }
+        self.run()
+    }
+
+    /// Every visible record of `topic`, partition by partition.
+    pub fn read(&self, topic: &str) -> anyhow::Result<Vec<TopicRecord>> {
+        let Some(memory) = self.topics.get(topic) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (partition, records) in memory.partitions.iter().enumerate() {
+            for (offset, record) in records.iter().enumerate() {
+                if record.aborted || (record.value.is_none() && record.announcement.is_some()) {
+                    continue;
+                }
+                out.push(TopicRecord {
+                    partition: partition as i32,
+                    offset: offset as i64,
+                    key: record
+                        .key
+                        .as_ref()
+                        .map(|k| String::from_utf8_lossy(k).into_owned()),
+                    value: record.value.as_ref().and_then(|v| self.decode_json(v)),
+                    raw: record.value.clone(),
+                    headers: record.headers.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The values of every visible record of `topic`, in the order written
+    /// within each partition, partitions in turn.
+    pub fn read_values(&self, topic: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+        Ok(self
+            .read(topic)?
+            .into_iter()
+            .filter_map(|record| record.value)
+            .collect())
+    }
+
+    fn decode_json(&self, bytes: &[u8]) -> Option<serde_json::Value> {
+        let (id, mut datum) = split_wire_format(bytes).ok()?;
+        let schema = self.registry.schema_by_id(id).ok()?;
+        let reader = apache_avro::reader::datum::GenericDatumReader::builder(schema)
+            .build()
+            .ok()?;
+        let value = reader.read_value(&mut datum).ok()?;
+        let line = format_line(None, &value);
+        let json: serde_json::Value = serde_json::from_str(&line).ok()?;
+        Some(json["value"].clone())
+    }
+
+    /// The value of `state` for `key`, committed or not.
+    pub fn state<T: DeserializeOwned>(
+        &mut self,
+        state: &ValueState<T>,
+        key: &str,
+    ) -> anyhow::Result<Option<T>> {
+        for stage in &mut self.stages {
+            for (stored_key, value) in stage.scan(state.name(), key.as_bytes())? {
+                if stored_key == key.as_bytes() {
+                    return Ok(Some(decode_value(&value)?));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The keys that have a value in `state`, over every task.
+    pub fn state_keys<T>(&mut self, state: &ValueState<T>) -> anyhow::Result<Vec<String>> {
+        let mut keys = Vec::new();
+        for stage in &mut self.stages {
+            for (key, _) in stage.scan(state.name(), &[])? {
+                keys.push(String::from_utf8_lossy(&key).into_owned());
+            }
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
+    /// Every entry of `key`'s map in `map`, in entry order.
+    pub fn map_entries<K: MapKey, V: DeserializeOwned>(
+        &mut self,
+        map: &MapState<K, V>,
+        key: &str,
+    ) -> anyhow::Result<Vec<(K, V)>> {
+        let mut prefix = Vec::new();
+        map_prefix(key.as_bytes(), &mut prefix);
+        let mut entries = Vec::new();
+        for stage in &mut self.stages {
+            for (bytes, value) in stage.scan(map.name(), &prefix)? {
+                entries.push((
+                    K::decode_key(&bytes[prefix.len()..])?,
+                    decode_value(&value)?,
+                ));
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Every stage's metrics, as the HTTP endpoint would show them.
+    pub fn metrics(&self) -> Snapshot {
+        let mut merged = Snapshot::default();
+        for stage in &self.stages {
+            let snapshot = stage.snapshot();
+            for ((name, labels), value) in snapshot.counters {
+                merged.add(name, labels, value);
+            }
+            for ((name, labels), value) in snapshot.gauges {
+                merged.set(name, labels, value);
+            }
+        }
+        merged
+    }
+
+    /// A counter of [`metrics`](Self::metrics), summed over every series
+    /// whose labels include `labels`.
+    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
+        self.metrics().counter(name, labels)
+    }
+
+    fn partition_for(&self, topic: &str, key: Option<&[u8]>) -> anyhow::Result<i32> {
+        let count = self
+            .topics
+            .get(topic)
+            .map(|t| t.partitions.len())
+            .ok_or_else(|| anyhow::anyhow!("unknown topic {topic}"))?;
+        Ok(key.map_or(0, |key| murmur2_partition(key, count)))
+    }
+
+    fn append(
+        &mut self,
+        topic: &str,
+        partition: Option<i32>,
+        mut record: StoredRecord,
+    ) -> anyhow::Result<()> {
+        let partition = match partition {
+            Some(partition) => partition,
+            None => self.partition_for(topic, record.key.as_deref())?,
+        };
+        let memory = self
+            .topics
+            .get_mut(topic)
+            .ok_or_else(|| anyhow::anyhow!("unknown topic {topic}"))?;
+        let log = memory
+            .partitions
+            .get_mut(partition as usize)
+            .ok_or_else(|| anyhow::anyhow!("{topic} has no partition {partition}"))?;
+        self.sequence += 1;
+        record.sequence = self.sequence;
+        log.push(record);
+        Ok(())
+    }
+
+    /// Appends what stage `index` collected to the topics.
+    fn collect(&mut self, index: usize) -> anyhow::Result<()> {
+        let mut written = Vec::new();
+        self.stages[index].drain(&mut |topic, partition, record| {
+            written.push((topic.to_string(), partition, record));
+        });
+        for (topic, partition, record) in written {
+            self.append(&topic, partition, record)?;
+        }
+        Ok(())
+    }
+
+    /// Feeds every stage the records it has not read, oldest append first,
+    /// until none is left.
+    fn run(&mut self) -> anyhow::Result<()> {
+        let subscriptions: Vec<Vec<Subscription>> = self
+            .stages
+            .iter()
+            .map(|stage| stage.subscriptions())
+            .collect();
+        loop {
+            let mut next: Option<(u64, usize, usize, i32, usize)> = None;
+            for (stage, subscribed) in subscriptions.iter().enumerate() {
+                for (subscription, Subscription { topic, .. }) in subscribed.iter().enumerate() {
+                    let Some(memory) = self.topics.get(topic) else {
+                        continue;
+                    };
+                    for (partition, records) in memory.partitions.iter().enumerate() {
+                        let cursor = self.cursors[stage]
+                            .entry((subscription, partition as i32))
+                            .or_insert(0);
+                        while records.get(*cursor).is_some_and(|r| r.aborted) {
+                            *cursor += 1;
+                        }
+                        if let Some(record) = records.get(*cursor) {
+                            if next.is_none_or(|(sequence, ..)| record.sequence < sequence) {
+                                next = Some((
+                                    record.sequence,
+                                    stage,
+                                    subscription,
+                                    partition as i32,
+                                    *cursor,
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            let Some((_, stage, subscription, partition, offset)) = next else {
+                return Ok(());
+            };
+            let topic = &subscriptions[stage][subscription].topic;
+            let record = self.topics[topic].partitions[partition as usize][offset].clone();
+            self.cursors[stage].insert((subscription, partition), offset + 1);
+            self.stages[stage].handle(Incoming {
+                subscription,
+                partition,
+                offset: offset as i64,
+                key: record.key.as_deref(),
+                value: record.value.as_deref(),
+                announcement: record.announcement,
+            })?;
+            self.collect(stage)?;
+        }
+    }
+}
+
+/// The partition of `key` among `partitions`, as Kafka's Java producer and
+/// librdkafka's `murmur2_random` partitioner pick it.
+pub fn murmur2_partition(key: &[u8], partitions: usize) -> i32 {
+    ((murmur2(key) & 0x7fff_ffff) % partitions as u32) as i32
+}
+
+/// Kafka's murmur2 hash (seed `0x9747b28c`).
+fn murmur2(data: &[u8]) -> u32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h = SEED ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn murmur2_matches_the_java_client() {
+        // Values from Kafka's own partitioner tests (Utils.murmur2).
+        assert_eq!(murmur2(b"21") as i32, -973932308);
+        assert_eq!(murmur2(b"foobar") as i32, -790332482);
+        assert_eq!(murmur2(b"a-little-bit-long-string") as i32, -985981536);
+        assert_eq!(murmur2(b"a-little-bit-longer-string") as i32, -1486304829);
+        assert_eq!(
+            murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") as i32,
+            -58897971
+        );
+        assert_eq!(murmur2(b"abc") as i32, 479470107);
+    }
+}
