@@ -1,6 +1,7 @@
 //! embed-batcher test data: article edits, expected output rows, and a model
-//! of SPEC's batching rules (and of the runtime's order of work) that
-//! computes the expected output of generated input.
+//! of the batching rules of docs/services/embed-batcher.md (and of the order
+//! of work of docs/services/README.md) that computes the expected output of
+//! generated input.
 //!
 //! The model replays each input partition in produce order, as the service's
 //! task does: lateness against the watermark before the record (`<=`), then
@@ -102,7 +103,7 @@ struct Tenant {
 }
 
 impl Tenant {
-    /// SPEC: a newer edit replaces the pending one, an older or equal one is
+    /// A newer edit replaces the pending one, an older or equal one is
     /// ignored; the timer only moves earlier, to the edit's time when the
     /// pending count reaches batch-size, else to its deadline.
     fn process(&mut self, edit: &Edit, rules: &Rules) {
@@ -122,7 +123,7 @@ impl Tenant {
         }
     }
 
-    /// SPEC: the timer at `time` fires at `watermark`.
+    /// The timer at `time` fires at `watermark`.
     fn fire(&mut self, time: i64, watermark: i64, rules: &Rules, out: &mut Expected) {
         let mut waiting: Vec<Edit> = self.pending.values().cloned().collect();
         waiting.sort_by(|a, b| (a.updated_at, &a.doc).cmp(&(b.updated_at, &b.doc)));

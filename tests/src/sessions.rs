@@ -1,5 +1,6 @@
 //! Sessionizer test data: events, expected session rows, and a model of
-//! SPEC's session rules to compute the expected output of generated input.
+//! the session rules of docs/services/sessionizer.md to compute the
+//! expected output of generated input.
 
 use std::collections::HashMap;
 
@@ -18,8 +19,9 @@ pub fn session(user: &str, status: &str, events: &[&str], start: i64, end: i64) 
         "session_start": start, "session_end": end}})
 }
 
-/// SPEC's sessions for one user's time-ordered events, given that a later
-/// event at or after the inactivity deadline sees the timeout first.
+/// The sessions of docs/services/sessionizer.md for one user's time-ordered
+/// events, given that a later event at or after the inactivity deadline sees
+/// the timeout first.
 pub fn model_sessions(user: &str, events: &[(i64, &str)], timeout: i64) -> Vec<Value> {
     let mut out = Vec::new();
     let mut open: Option<(i64, i64, Vec<&str>)> = None;

@@ -1,5 +1,6 @@
 //! window-aggregator test data: orders, expected window rows, and a model of
-//! SPEC's hopping-window rules that replays each partition's watermark.
+//! the hopping-window rules of docs/services/window-aggregator.md that
+//! replays each partition's watermark.
 
 use std::collections::BTreeMap;
 
@@ -47,7 +48,7 @@ struct Aggregate {
     max: f64,
 }
 
-/// The rows SPEC expects for `orders` produced in this order: each
+/// The rows the rules expect for `orders` produced in this order: each
 /// partition's watermark is replayed to find late orders (an order goes into
 /// the windows whose end is after its partition's watermark before it), and
 /// a window is emitted when the least partition watermark reaches its end.

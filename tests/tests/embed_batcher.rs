@@ -1,6 +1,7 @@
-//! embed-batcher end to end: random edits against a model of SPEC, the
-//! batching rules on a hand-written scenario, state TTL, and the
-//! OpenAI-compatible embedder against a flaky in-test HTTP server.
+//! embed-batcher end to end: random edits against a model of the rules in
+//! docs/services/embed-batcher.md, the batching rules on a hand-written
+//! scenario, state TTL, and the OpenAI-compatible embedder against a flaky
+//! in-test HTTP server.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -69,7 +70,7 @@ fn assert_same_rows_per_tenant(actual: &[Value], expected: &[Value], log: &str) 
 const T: i64 = 1_783_345_153_000;
 
 #[test]
-fn random_edits_of_many_tenants_over_four_partitions_match_a_model_of_the_spec() {
+fn random_edits_of_many_tenants_over_four_partitions_match_a_model_of_the_rules() {
     let partitions = 4;
     let rules = Rules {
         batch_size: 5,
@@ -103,7 +104,7 @@ fn random_edits_of_many_tenants_over_four_partitions_match_a_model_of_the_spec()
 }
 
 #[test]
-fn batches_follow_the_rules_of_the_spec() {
+fn batches_follow_the_documented_rules() {
     let topics = topics(1);
     let service = topics.start(&["--batch-size", "3"]);
     let acme_d1_old = Edit::new("acme", "d1", T);
@@ -210,7 +211,8 @@ fn pending_edits_not_written_for_the_state_ttl_are_dropped_and_counted() {
     );
 }
 
-/// The seed's steps 5 and 7: after a restart on an empty state directory, the
+/// Watermark and state survive a restart (a watermark kept only in memory
+/// would let stale edits in): after a restart on an empty state directory, the
 /// pending edits, the timer and the watermark come back from the changelogs,
 /// so a stale edit is still late and the waiting batch still goes.
 #[test]

@@ -79,8 +79,8 @@ fn watermark_mode_gives_the_fixture(order: Order) {
     assert_eq!(sorted(output), expected(), "log:\n{}", service.log());
 }
 
-/// Rollover mode (the seed's code) on data produced before the service
-/// starts: the task merges both topics in event-time order.
+/// Rollover mode (docs/services/sensor-fusion.md) on data produced before the
+/// service starts: the task merges both topics in event-time order.
 fn rollover_mode_gives_the_fixture(order: Order) {
     let topics = topics(1, 1);
     produce_fixture(&topics, order);
@@ -141,7 +141,7 @@ fn median(values: &mut [f64]) -> Value {
 }
 
 #[test]
-fn many_machines_over_four_partitions_match_a_model_of_the_spec() {
+fn many_machines_over_four_partitions_match_a_model_of_the_rules() {
     const WINDOW: i64 = 300_000;
     const WINDOWS: i64 = 4;
     let base = 1_785_574_800_000i64;

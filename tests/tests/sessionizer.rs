@@ -118,7 +118,7 @@ fn a_record_after_a_deadline_sees_the_timeout_then_starts_a_new_session() {
 }
 
 #[test]
-fn a_thousand_users_over_four_partitions_match_a_model_of_the_spec() {
+fn a_thousand_users_over_four_partitions_match_a_model_of_the_rules() {
     let (lines, expected) = e2e_tests::sessions::generate(1000, 7, T);
     let topics = topics(4);
     let service = topics.start(&[]);
@@ -255,7 +255,8 @@ fn after_a_restart_the_stored_watermark_still_marks_old_records_late() {
     let state_dir = first.state_dir.clone();
     assert!(first.stop().success());
 
-    // The seed's restart bug: an in-memory watermark would accept this.
+    // A watermark kept only in memory would start over after the restart
+    // and accept this stale event.
     produce(&topics.input, "user-events", &[event("jon", "LOGOUT", T)]);
     let second = Service::start_with_state("sessionizer", &arguments, state_dir);
     let late = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);

@@ -1,6 +1,7 @@
 //! window-aggregator end to end: the fixture, generated data against a model
-//! of SPEC (global and grouped), the final stage waiting for the slowest
-//! partition, a crash between stages, and flag checks.
+//! of docs/services/window-aggregator.md (global and grouped), the final
+//! stage waiting for the slowest partition, a crash between stages, and flag
+//! checks.
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ fn lines(orders: &[Order]) -> Vec<Value> {
 const T: i64 = 1_783_345_153_000;
 
 /// A run on generated orders: its topics, the orders, the rows a model of
-/// SPEC expects, and the service arguments that match `rules`.
+/// the service's rules expects, and the service arguments that match `rules`.
 struct ModelRun {
     topics: SingleInputRun,
     orders: Vec<Order>,
@@ -108,7 +109,7 @@ fn fixture_gives_the_expected_windows_in_order() {
 }
 
 #[test]
-fn global_windows_over_four_partitions_match_a_model_of_the_spec() {
+fn global_windows_over_four_partitions_match_a_model_of_the_rules() {
     let rules = WindowRules {
         size: 2_000,
         advance: 500,
@@ -142,7 +143,7 @@ fn global_windows_over_four_partitions_match_a_model_of_the_spec() {
 }
 
 #[test]
-fn grouped_by_customer_over_three_partitions_match_a_model_of_the_spec() {
+fn grouped_by_customer_over_three_partitions_match_a_model_of_the_rules() {
     let rules = WindowRules {
         size: 2_000,
         advance: 1_000,
@@ -243,7 +244,7 @@ fn with_an_idle_timeout_a_partition_without_data_stops_holding_windows_open() {
         .into_iter()
         .filter(|order| murmur2_partition(order.order_id.as_bytes(), 2) == 0)
         .collect();
-    // What SPEC expects of partition 0 alone once it is idle too: its
+    // What the rules expect of partition 0 alone once it is idle too: its
     // watermark moves on with wall-clock time and closes every window, as
     // an order far ahead would.
     let mut closing = orders.clone();

@@ -1,20 +1,20 @@
-//! The batching rules of SPEC "embed-batcher", as pure functions of event
-//! times, so that they are unit-tested apart from state and Kafka.
+//! The batching rules of docs/services/embed-batcher.md, as pure functions
+//! of event times, so that they are unit-tested apart from state and Kafka.
 //!
 //! * [`wake_up_after_edit`]: where `process` wants the tenant's timer after
 //!   buffering an edit (the caller only ever moves the timer earlier).
 //! * [`plan_batches`]: what a firing timer sends, and when it fires next.
 //!
-//! "The edit that would complete the next full batch" is read as the seed
-//! computes it: the `batch-size`-th edit still pending after sending, in
-//! (updated_at, doc_id) order, safe or not. Its `updated_at` is the earliest
-//! watermark at which a full batch of safe edits can exist.
+//! "The edit that would complete the next full batch" is read as the original
+//! Flink function computes it: the `batch-size`-th edit still pending after
+//! sending, in (updated_at, doc_id) order, safe or not. Its `updated_at` is
+//! the earliest watermark at which a full batch of safe edits can exist.
 
 use std::ops::Range;
 
 /// The timer time `process` asks for after buffering an edit at `updated_at`
 /// that leaves `pending` edits waiting: the edit's own time once a batch can
-/// be full (`pending >= batch_size`, as the seed tests it, so a replacing
+/// be full (`pending >= batch_size`, as the original tests it, so a replacing
 /// edit of an already full tenant counts too), otherwise its deadline.
 pub fn wake_up_after_edit(
     updated_at: i64,

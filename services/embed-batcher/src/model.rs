@@ -20,6 +20,6 @@ pub struct ArticleEmbedding {
     pub updated_at: i64,
     pub title: String,
     pub embedding: Vec<f32>,
-    /// The time of the timer that sent the batch (the seed's rowtime).
+    /// The time of the timer that sent the batch.
     pub batch_time: i64,
 }

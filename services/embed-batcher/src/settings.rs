@@ -1,5 +1,5 @@
-//! Flags of embed-batcher (SPEC defaults). `--idle-timeout` comes with the
-//! common runtime flags.
+//! Flags of embed-batcher (meaning and defaults: docs/services/embed-batcher.md).
+//! `--idle-timeout` comes with the common runtime flags.
 
 use clap::{Parser, ValueEnum};
 use streams_runtime::{HumanDuration, RuntimeArgs};

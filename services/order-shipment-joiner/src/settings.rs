@@ -1,4 +1,5 @@
-//! Flags of order-shipment-joiner (SPEC defaults).
+//! Flags of order-shipment-joiner (meaning and defaults:
+//! docs/services/order-shipment-joiner.md).
 
 use clap::Parser;
 use streams_runtime::{HumanDuration, RuntimeArgs};

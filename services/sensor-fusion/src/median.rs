@@ -1,5 +1,6 @@
-//! The median rule of SPEC.md: the middle value of an odd count, the mean of
-//! the two middle values of an even count, none of an empty list.
+//! The median rule of docs/services/sensor-fusion.md: the middle value of an
+//! odd count, the mean of the two middle values of an even count, none of an
+//! empty list.
 
 /// The median of `values` (reordered in place).
 pub fn median(values: &mut [f64]) -> Option<f64> {

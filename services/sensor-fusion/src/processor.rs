@@ -6,7 +6,7 @@
 //! * `watermark` mode: each window has a timer at its end; when the task
 //!   watermark reaches it, the window is emitted and its entry removed. A
 //!   reading whose window already ended is late (Flink's window rule).
-//! * `rollover` mode (the seed): the machine's one open window is kept in the
+//! * `rollover` mode: the machine's one open window is kept in the
 //!   same map; a reading of any other window emits and replaces it.
 
 use serde::{Deserialize, Serialize};
@@ -197,7 +197,7 @@ impl Processor for SensorFusion {
     }
 
     /// Watermark mode: late when the reading's window has already ended.
-    /// Rollover mode (the seed) has no lateness check.
+    /// Rollover mode has no lateness check.
     fn is_late(&self, event_time: i64, watermark: i64) -> bool {
         match self.emit {
             EmitMode::Watermark => {

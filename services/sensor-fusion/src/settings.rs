@@ -1,4 +1,4 @@
-//! Flags of sensor-fusion (SPEC defaults).
+//! Flags of sensor-fusion (meaning and defaults: docs/services/sensor-fusion.md).
 
 use clap::{Parser, ValueEnum};
 use streams_runtime::{HumanDuration, RuntimeArgs};
@@ -9,7 +9,7 @@ pub enum EmitMode {
     /// Once the task watermark reaches the window end: correct whatever the
     /// interleaving of the two streams.
     Watermark,
-    /// The seed's behaviour: when a reading of another window arrives.
+    /// When a reading of another window arrives (depends on arrival order).
     Rollover,
 }
 

@@ -1,5 +1,5 @@
-//! Flags of sessionizer (SPEC defaults). `--idle-timeout` comes with the
-//! common runtime flags.
+//! Flags of sessionizer (meaning and defaults: docs/services/sessionizer.md).
+//! `--idle-timeout` comes with the common runtime flags.
 
 use clap::Parser;
 use streams_runtime::{HumanDuration, RuntimeArgs};

@@ -1,4 +1,5 @@
-//! Flags of window-aggregator (SPEC defaults).
+//! Flags of window-aggregator (meaning and defaults:
+//! docs/services/window-aggregator.md).
 
 use clap::{Parser, ValueEnum};
 use streams_runtime::{HumanDuration, RuntimeArgs};

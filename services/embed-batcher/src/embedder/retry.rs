@@ -1,4 +1,4 @@
-//! Retrying a failing embedder: SPEC says no edit is dropped because of it.
+//! Retrying a failing embedder: no edit may be dropped because of it.
 //!
 //! A failed request (network error, HTTP error status, malformed answer) is
 //! retried after an exponentially growing pause, capped, for as long as it
