@@ -20,6 +20,7 @@ use serde_json::Value;
 pub use serde_json::json;
 
 pub mod batches;
+pub mod driver;
 pub mod sessions;
 pub mod windows;
 

@@ -1,13 +1,5 @@
-//! embed-batcher: article edits are buffered per tenant and embedded in
-//! batches, one request per batch, once the watermark says no older edit can
-//! still arrive. See docs/services/embed-batcher.md.
-
-mod batching;
-mod embedder;
-mod model;
-mod processor;
-mod settings;
+//! The `embed-batcher` binary: flags in, service running (see the library).
 
 fn main() -> std::process::ExitCode {
-    streams_runtime::service_main(processor::pipeline)
+    streams_runtime::service_main(embed_batcher::pipeline)
 }

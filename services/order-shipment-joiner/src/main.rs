@@ -1,12 +1,5 @@
-//! order-shipment-joiner: an interval join of orders and shipments (a
-//! shipment within 7 days of its order), as a service. See
-//! docs/services/order-shipment-joiner.md.
-
-mod model;
-mod processor;
-mod settings;
-mod timestamp;
+//! The `order-shipment-joiner` binary: flags in, service running (see the library).
 
 fn main() -> std::process::ExitCode {
-    streams_runtime::service_main(processor::pipeline)
+    streams_runtime::service_main(order_shipment_joiner::pipeline)
 }

@@ -1,12 +1,5 @@
-//! sensor-fusion: joins temperature and humidity readings per machine and
-//! decides, per tumbling window, whether the machine needs maintenance. See
-//! docs/services/sensor-fusion.md.
-
-mod median;
-mod model;
-mod processor;
-mod settings;
+//! The `sensor-fusion` binary: flags in, service running (see the library).
 
 fn main() -> std::process::ExitCode {
-    streams_runtime::service_main(processor::pipeline)
+    streams_runtime::service_main(sensor_fusion::pipeline)
 }

@@ -1,10 +1,5 @@
-//! sessionizer: one session per user, ending on LOGOUT (COMPLETED) or after
-//! inactivity (TIMEOUT). See docs/services/sessionizer.md.
-
-mod model;
-mod processor;
-mod settings;
+//! The `sessionizer` binary: flags in, service running (see the library).
 
 fn main() -> std::process::ExitCode {
-    streams_runtime::service_main(processor::pipeline)
+    streams_runtime::service_main(sessionizer::pipeline)
 }

@@ -1,18 +1,5 @@
-//! window-aggregator: hopping-window order counts and price statistics per
-//! window, over the whole stream or per group. See
-//! docs/services/window-aggregator.md.
-//!
-//! Two stages (see `stages.rs`): each task pre-aggregates its partitions'
-//! windows, and a final stage combines the partial aggregates once every
-//! input partition's watermark has passed a window's end.
-
-mod accumulator;
-mod exact_sum;
-mod model;
-mod open_windows;
-mod settings;
-mod stages;
+//! The `window-aggregator` binary: flags in, service running (see the library).
 
 fn main() -> std::process::ExitCode {
-    streams_runtime::service_main(stages::pipeline)
+    streams_runtime::service_main(window_aggregator::pipeline)
 }
