@@ -169,15 +169,18 @@ pub fn fixture(relative: &str) -> Vec<Value> {
     parse_jsonl(&text)
 }
 
-/// Everything committed on `topic` so far (nothing if it does not exist yet).
+/// Everything committed on `topic` so far (nothing if it does not exist
+/// yet): reads each partition up to its end offset as it is now, and stops
+/// there, without waiting for silence.
 pub fn consume_all(topic: &str) -> Vec<Value> {
     let output = streamctl(&[
         "consume",
         "--topic",
         topic,
         "--from-beginning",
+        "--until-end",
         "--idle-exit",
-        "3s",
+        "30s",
     ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() && stderr.contains("does not exist") {
@@ -216,15 +219,19 @@ pub fn assert_same_records(actual: &[Value], expected: &[Value], context: &str) 
 }
 
 /// Waits until `topic` holds at least `count` records (or `timeout` passes),
-/// then, to catch extra rows, waits a little longer; returns all of them.
+/// then, to catch extra rows, reads once more after a commit interval's
+/// worth of margin; returns all of them. A test that must prove that nothing
+/// *more* comes waits on the service's consumed-records metric instead
+/// ([`Service::wait_consumed`]).
 pub fn wait_for_records(topic: &str, count: usize, timeout: Duration) -> Vec<Value> {
     let deadline = Instant::now() + timeout;
     loop {
         let records = consume_all(topic);
         if records.len() >= count || Instant::now() >= deadline {
-            std::thread::sleep(Duration::from_millis(1500));
+            std::thread::sleep(Duration::from_millis(500));
             return consume_all(topic);
         }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -288,6 +295,28 @@ impl Service {
     /// The value of one metric series (`name{labels}` exactly as rendered), or 0.
     pub fn metric(&self, series: &str) -> f64 {
         metric_value(&self.metrics(), series)
+    }
+
+    /// Waits until the service has consumed at least `count` records of
+    /// `topic` and committed since: a barrier before asserting that nothing
+    /// (more) was emitted. Panics with the log after `timeout`.
+    pub fn wait_consumed(&self, topic: &str, count: usize, timeout: Duration) {
+        let consumed = format!("streams_records_consumed_total{{topic=\"{topic}\"}}");
+        let deadline = Instant::now() + timeout;
+        while self.metric(&consumed) < count as f64 {
+            assert!(
+                Instant::now() < deadline,
+                "{topic}: {} of {count} records consumed after {timeout:?}; log:\n{}",
+                self.metric(&consumed),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let commits = self.metric("streams_commits_total");
+        while self.metric("streams_commits_total") < commits + 1.0 {
+            assert!(Instant::now() < deadline, "no commit after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits until `/readyz` answers 200.

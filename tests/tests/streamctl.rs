@@ -240,3 +240,40 @@ fn topics_can_be_created_listed_and_described() {
         "a different partition count is an error"
     );
 }
+
+#[test]
+fn consume_until_end_stops_at_the_end_offsets_read_at_start() {
+    let topic = unique("until-end");
+    create_topic(&topic, 3);
+    let events: Vec<_> = (0..30)
+        .map(|i| e2e_tests::sessions::event(&format!("user{i}"), "LOGIN", 1_000 + i))
+        .collect();
+    produce(&topic, "user-events", &events);
+    let started = Instant::now();
+    let consumed = parse_jsonl(&streamctl_ok(&[
+        "consume",
+        "--topic",
+        &topic,
+        "--from-beginning",
+        "--until-end",
+        "--idle-exit",
+        "30s",
+    ]));
+    assert_same_records(&consumed, &events, "consume --until-end");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "--until-end waited for the idle exit instead of stopping at the end"
+    );
+    let empty = unique("until-end-empty");
+    create_topic(&empty, 2);
+    let nothing = streamctl_ok(&[
+        "consume",
+        "--topic",
+        &empty,
+        "--from-beginning",
+        "--until-end",
+        "--idle-exit",
+        "30s",
+    ]);
+    assert!(nothing.trim().is_empty(), "an empty topic gave: {nothing}");
+}

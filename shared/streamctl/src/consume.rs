@@ -29,6 +29,10 @@ pub struct ConsumeArgs {
     /// Exit after this many records.
     #[arg(long)]
     max: Option<usize>,
+    /// Exit once every partition has been read up to its end as it was at
+    /// start (for committed reads: up to the last committed record).
+    #[arg(long)]
+    until_end: bool,
     /// Output format; `table` prints once the command exits.
     #[arg(long, value_enum, default_value = "jsonl")]
     format: Format,
@@ -79,6 +83,13 @@ pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
                 "read_committed"
             },
         );
+    if args.until_end {
+        // Report each partition's end, and do not let the broker hold a
+        // fetch back waiting for more data that is not wanted.
+        config
+            .set("enable.partition.eof", "true")
+            .set("fetch.wait.max.ms", "10");
+    }
     let consumer: BaseConsumer = config.create()?;
     let start = if args.from_beginning {
         Offset::Beginning
@@ -98,8 +109,16 @@ pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
     let mut rows: Vec<(Option<String>, Value)> = Vec::new();
     let mut seen = 0usize;
     let mut last_record = Instant::now();
+    let mut ends = if args.until_end {
+        end_offsets(&consumer, &args.topic, partitions)?
+    } else {
+        HashMap::new()
+    };
     loop {
         if args.max.is_some_and(|max| seen >= max) {
+            break;
+        }
+        if args.until_end && ends.is_empty() {
             break;
         }
         if args
@@ -111,7 +130,15 @@ pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
         let Some(polled) = consumer.poll(Duration::from_millis(100)) else {
             continue;
         };
-        let message = polled.map_err(|e| anyhow::anyhow!("consuming {}: {e}", args.topic))?;
+        let message = match polled {
+            Err(rdkafka::error::KafkaError::PartitionEOF(partition)) => {
+                if reached_end(&consumer, &args.topic, partition, &ends)? {
+                    ends.remove(&partition);
+                }
+                continue;
+            }
+            other => other.map_err(|e| anyhow::anyhow!("consuming {}: {e}", args.topic))?,
+        };
         last_record = Instant::now();
         seen += 1;
         let key = message
@@ -167,4 +194,40 @@ pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
         print!("{}", table::render(&rows));
     }
     Ok(())
+}
+
+/// The end offset of every partition of `topic` that holds records now.
+fn end_offsets(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partitions: usize,
+) -> anyhow::Result<HashMap<i32, i64>> {
+    let mut ends = HashMap::new();
+    for partition in 0..partitions as i32 {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(10))
+            .map_err(|e| anyhow::anyhow!("end offsets of {topic}: {e}"))?;
+        if high > low {
+            ends.insert(partition, high);
+        }
+    }
+    Ok(ends)
+}
+
+/// Whether the consumer's position in `partition` has reached its end as
+/// noted at start (transaction markers included).
+fn reached_end(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+    ends: &HashMap<i32, i64>,
+) -> anyhow::Result<bool> {
+    let Some(end) = ends.get(&partition) else {
+        return Ok(true);
+    };
+    let position = consumer.position()?;
+    Ok(matches!(
+        position.find_partition(topic, partition).map(|e| e.offset()),
+        Some(Offset::Offset(offset)) if offset >= *end
+    ))
 }
