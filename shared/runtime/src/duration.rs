@@ -37,7 +37,7 @@ impl FromStr for HumanDuration {
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(text.len());
         let (number, unit) = text.split_at(split);
-        // SPEC writes durations as "30 s": a space before the unit is fine.
+        // Durations are often written "30 s": a space before the unit is fine.
         let unit = unit.trim_start();
         let amount: u64 = number.parse().map_err(|_| {
             format!("invalid duration '{text}': expected a whole number followed by ms, s, m, h or d (e.g. 30s)")

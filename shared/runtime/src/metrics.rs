@@ -46,6 +46,8 @@ pub type Series = (&'static str, Vec<(&'static str, String)>);
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     pub counters: BTreeMap<Series, u64>,
+    /// Counters of a continuous quantity (seconds spent, say).
+    pub float_counters: BTreeMap<Series, f64>,
     pub gauges: BTreeMap<Series, f64>,
 }
 
@@ -53,6 +55,11 @@ impl Snapshot {
     /// Adds `by` to a counter.
     pub fn add(&mut self, name: &'static str, labels: Vec<(&'static str, String)>, by: u64) {
         *self.counters.entry((name, labels)).or_default() += by;
+    }
+
+    /// Adds `by` to a counter of a continuous quantity.
+    pub fn add_f64(&mut self, name: &'static str, labels: Vec<(&'static str, String)>, by: f64) {
+        *self.float_counters.entry((name, labels)).or_default() += by;
     }
 
     /// Sets a gauge.
@@ -98,6 +105,9 @@ impl Snapshot {
             }
         };
         for ((name, labels), value) in &self.counters {
+            write_series(&mut out, "counter", name, labels, value.to_string());
+        }
+        for ((name, labels), value) in &self.float_counters {
             write_series(&mut out, "counter", name, labels, value.to_string());
         }
         for ((name, labels), value) in &self.gauges {
@@ -154,6 +164,9 @@ impl Metrics {
             };
             for (series, value) in &stage.snapshot.counters {
                 *merged.counters.entry(relabel(series)).or_default() += value;
+            }
+            for (series, value) in &stage.snapshot.float_counters {
+                *merged.float_counters.entry(relabel(series)).or_default() += value;
             }
             for (series, value) in &stage.snapshot.gauges {
                 merged.gauges.insert(relabel(series), *value);

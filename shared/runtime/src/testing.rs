@@ -845,6 +845,9 @@ impl TestDriver {
             for ((name, labels), value) in snapshot.counters {
                 merged.add(name, labels, value);
             }
+            for ((name, labels), value) in snapshot.float_counters {
+                merged.add_f64(name, labels, value);
+            }
             for ((name, labels), value) in snapshot.gauges {
                 merged.set(name, labels, value);
             }

@@ -513,7 +513,7 @@ impl<P: Processor> Engine<P> {
         snapshot.add(metrics::RESTORED_RECORDS, vec![], counters.restored_records);
         snapshot.add(metrics::COMMITS, vec![], counters.commits);
         snapshot.add(metrics::COMMITS_ABORTED, vec![], counters.commits_aborted);
-        snapshot.set(metrics::COMMIT_SECONDS, vec![], counters.commit_seconds);
+        snapshot.add_f64(metrics::COMMIT_SECONDS, vec![], counters.commit_seconds);
         for (name, count) in &counters.processor {
             snapshot.add(
                 metrics::PROCESSOR_EVENTS,
