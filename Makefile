@@ -22,8 +22,13 @@ test: build up ## all tests: unit + end-to-end against the local stack (started 
 	rm -rf "$${E2E_SCRATCH_DIR:-$${TMPDIR:-/tmp}/streams-e2e}"
 	$(CARGO) test --workspace --no-fail-fast
 
-test-unit: deps ## unit tests only (no stack needed)
+# The broker-free test-driver tests (tests/tests/driver_*.rs).
+DRIVER_TESTS := $(patsubst tests/tests/%.rs,--test %,$(wildcard tests/tests/driver_*.rs))
+
+test-unit: deps ## unit, doc and test-driver tests: every rule of every service, no stack needed
 	$(CARGO) test --workspace --lib --bins
+	$(CARGO) test --workspace --doc
+	$(CARGO) test -p e2e-tests $(DRIVER_TESTS)
 
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
