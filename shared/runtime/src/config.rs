@@ -55,6 +55,15 @@ pub struct RuntimeArgs {
     #[arg(long, env = "APPLICATION_ID")]
     pub application_id: Option<String>,
 
+    /// A name for this instance that stays the same across its restarts
+    /// (a StatefulSet pod name, say). It sets Kafka static membership
+    /// (`group.instance.id`): an instance restarted within the session
+    /// timeout gets its partitions back without a rebalance. Under
+    /// exactly-once it is also the stable part of the transactional id, so it
+    /// must be unique among the instances of an application.
+    #[arg(long, env = "INSTANCE_ID", value_parser = parse_instance_id)]
+    pub instance_id: Option<String>,
+
     /// Directory for the RocksDB state of this instance's tasks.
     #[arg(long, env = "STATE_DIR", default_value = "./state")]
     pub state_dir: PathBuf,
@@ -110,6 +119,23 @@ pub struct RuntimeArgs {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+/// An instance id: non-empty, and only characters that are safe in Kafka
+/// ids and file names.
+fn parse_instance_id(text: &str) -> Result<String, String> {
+    let valid = !text.is_empty()
+        && text.len() <= 200
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if valid {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "'{text}' is not a valid instance id: use 1 to 200 letters, digits, '-', '_' or '.'"
+        ))
+    }
 }
 
 /// The HTTP listener address used when none is given.

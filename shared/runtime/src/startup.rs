@@ -271,7 +271,8 @@ pub(crate) fn wire_stage<P: Processor>(
 }
 
 /// A stable id for this instance's state directory, used in the
-/// transactional id so that a restarted instance fences its predecessor.
+/// transactional id (without `--instance-id`) so that a restarted instance
+/// fences its predecessor.
 fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
     let path = state_dir.join("instance.id");
     if let Ok(existing) = std::fs::read_to_string(&path) {
@@ -395,7 +396,11 @@ pub(crate) fn prepare_stage<P: Processor>(
     // Clients.
     let transactional_id = match args.processing_guarantee {
         ProcessingGuarantee::ExactlyOnceV2 => {
-            Some(format!("{application_id}-{}", instance_id(&state_dir)?))
+            let instance = match &args.instance_id {
+                Some(instance) => instance.clone(),
+                None => instance_id(&state_dir)?,
+            };
+            Some(format!("{application_id}-{instance}"))
         }
         ProcessingGuarantee::AtLeastOnce => None,
     };
@@ -428,6 +433,9 @@ pub(crate) fn prepare_stage<P: Processor>(
         .set("isolation.level", "read_committed")
         .set("partition.assignment.strategy", "range")
         .set("enable.partition.eof", "false");
+    if let Some(instance) = &args.instance_id {
+        consumer_config.set("group.instance.id", instance);
+    }
     let context = StageContext {
         stage: Mutex::new(Some(stage)),
     };
