@@ -16,6 +16,8 @@ use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 
+use crate::metrics::{Phase, PhaseTimes};
+
 /// How long aborting a transaction may take before the producer is replaced.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -270,8 +272,9 @@ impl Delivery {
         &mut self,
         offsets: &TopicPartitionList,
         group: Option<&ConsumerGroupMetadata>,
+        phases: &mut PhaseTimes,
     ) -> Result<(), CommitError> {
-        let result = self.try_commit(offsets, group);
+        let result = self.try_commit(offsets, group, phases);
         if result.is_err() {
             self.send_failure = None;
             self.replace_if_fatal()?;
@@ -283,6 +286,7 @@ impl Delivery {
         &mut self,
         offsets: &TopicPartitionList,
         group: Option<&ConsumerGroupMetadata>,
+        phases: &mut PhaseTimes,
     ) -> Result<(), CommitError> {
         if let Some(failure) = self.send_failure.clone() {
             let error = CommitError::Aborted(failure);
@@ -292,7 +296,10 @@ impl Delivery {
             return Err(error);
         }
         if !self.transactional {
-            return self.flush();
+            let started = Instant::now();
+            let flushed = self.flush();
+            phases.lap(Phase::CommitFlush, started);
+            return flushed;
         }
         if !self.in_transaction {
             if offsets.count() == 0 {
@@ -301,7 +308,9 @@ impl Delivery {
             self.producer.begin_transaction().map_err(classify)?;
             self.in_transaction = true;
         }
+        let started = Instant::now();
         let result = self.flush().and_then(|()| {
+            let flushed = phases.lap(Phase::CommitFlush, started);
             if offsets.count() > 0 {
                 let group = group.ok_or_else(|| {
                     CommitError::Aborted("no consumer group metadata (not in a group)".into())
@@ -310,9 +319,13 @@ impl Delivery {
                     .send_offsets_to_transaction(offsets, group, self.timeout)
                     .map_err(classify)?;
             }
-            self.producer
+            let offsets_sent = phases.lap(Phase::CommitOffsets, flushed);
+            let committed = self
+                .producer
                 .commit_transaction(self.timeout)
-                .map_err(classify)
+                .map_err(classify);
+            phases.lap(Phase::CommitTransaction, offsets_sent);
+            committed
         });
         if let Err(error) = result {
             self.abort_after(&error);

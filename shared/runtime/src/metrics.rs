@@ -28,6 +28,14 @@ pub const COMMITS: &str = "streams_commits_total";
 pub const COMMITS_ABORTED: &str = "streams_commits_aborted_total";
 /// Total seconds spent committing.
 pub const COMMIT_SECONDS: &str = "streams_commit_duration_seconds_total";
+/// Seconds the processing thread spent in each phase of its loop, by
+/// `phase`: `poll` (waiting for records), `process` (decoding, processing,
+/// handing records to the producer), `commit_prepare` (changelog records,
+/// announcements), `commit_flush` (waiting for every record's
+/// acknowledgement), `commit_offsets` (`send_offsets_to_transaction` or the
+/// offset commit), `commit_transaction`, `commit_apply` (writing the overlay
+/// to RocksDB).
+pub const PHASE_SECONDS: &str = "streams_thread_phase_seconds_total";
 /// Wall clock minus task watermark, by task.
 pub const WATERMARK_LAG: &str = "streams_watermark_lag_seconds";
 /// Estimated bytes of committed state, by task.
@@ -38,6 +46,74 @@ pub const STATE_KEYS: &str = "streams_state_keys";
 pub const TIMERS_PENDING: &str = "streams_timers_pending";
 /// Domain counters incremented by the processor, by name.
 pub const PROCESSOR_EVENTS: &str = "streams_processor_events_total";
+
+/// A phase of the processing thread's loop (see [`PHASE_SECONDS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Poll,
+    Process,
+    CommitPrepare,
+    CommitFlush,
+    CommitOffsets,
+    CommitTransaction,
+    CommitApply,
+}
+
+impl Phase {
+    const ALL: [Phase; 7] = [
+        Phase::Poll,
+        Phase::Process,
+        Phase::CommitPrepare,
+        Phase::CommitFlush,
+        Phase::CommitOffsets,
+        Phase::CommitTransaction,
+        Phase::CommitApply,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Phase::Poll => "poll",
+            Phase::Process => "process",
+            Phase::CommitPrepare => "commit_prepare",
+            Phase::CommitFlush => "commit_flush",
+            Phase::CommitOffsets => "commit_offsets",
+            Phase::CommitTransaction => "commit_transaction",
+            Phase::CommitApply => "commit_apply",
+        }
+    }
+}
+
+/// Time spent per [`Phase`], counted on the processing thread.
+#[derive(Debug, Default, Clone)]
+pub struct PhaseTimes {
+    seconds: [f64; 7],
+}
+
+impl PhaseTimes {
+    /// Adds `elapsed` to `phase`.
+    pub fn add(&mut self, phase: Phase, elapsed: std::time::Duration) {
+        self.seconds[phase as usize] += elapsed.as_secs_f64();
+    }
+
+    /// Adds the time since `since` to `phase` and returns now, the start of
+    /// whatever comes next.
+    pub fn lap(&mut self, phase: Phase, since: std::time::Instant) -> std::time::Instant {
+        let now = std::time::Instant::now();
+        self.add(phase, now.saturating_duration_since(since));
+        now
+    }
+
+    /// Adds every phase's total to `snapshot`.
+    pub fn export(&self, snapshot: &mut Snapshot) {
+        for phase in Phase::ALL {
+            snapshot.add_f64(
+                PHASE_SECONDS,
+                vec![("phase", phase.label().to_string())],
+                self.seconds[phase as usize],
+            );
+        }
+    }
+}
 
 /// One labelled sample.
 pub type Series = (&'static str, Vec<(&'static str, String)>);

@@ -421,6 +421,7 @@ pub(crate) fn prepare_stage<P: Processor>(
         state_dir,
         resources: StateResources::new(memory_limit),
         metrics: env.metrics.add_stage(name),
+        phases: Default::default(),
         fatal: None,
     };
 

@@ -132,7 +132,11 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
         });
     }
     delivery
-        .commit(&rdkafka::TopicPartitionList::new(), None)
+        .commit(
+            &rdkafka::TopicPartitionList::new(),
+            None,
+            &mut streams_runtime::metrics::PhaseTimes::default(),
+        )
         .map_err(|e| {
             anyhow::anyhow!(
                 "producing to {} failed, nothing was committed: {e}",

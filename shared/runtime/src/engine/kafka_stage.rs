@@ -25,7 +25,7 @@ use super::{Engine, Incoming};
 use crate::collector::{ChangelogPartition, Headers, RecordView};
 use crate::config::ProcessingGuarantee;
 use crate::delivery::{CommitError, Delivery, Outgoing, UNTRACKED};
-use crate::metrics::StageMetrics;
+use crate::metrics::{Phase, PhaseTimes, StageMetrics};
 use crate::processor::Processor;
 use crate::restore::Restorer;
 use crate::state::store::{StateResources, TaskStore};
@@ -41,6 +41,8 @@ pub(crate) struct KafkaStage<P: Processor> {
     pub state_dir: PathBuf,
     pub resources: StateResources,
     pub metrics: StageMetrics,
+    /// Where the processing thread's time goes.
+    pub phases: PhaseTimes,
     /// An error raised inside a rebalance callback, surfaced by the loop.
     pub fatal: Option<anyhow::Error>,
 }
@@ -150,9 +152,11 @@ impl<P: Processor> KafkaStage<P> {
     /// Serves delivery reports, lets time act, and commits when the interval
     /// has passed.
     pub fn tick(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let started = Instant::now();
         self.delivery.poll();
         self.engine.tick()?;
         self.send_collected();
+        self.phases.lap(Phase::Process, started);
         if self.engine.commit_due() {
             self.commit(consumer)?;
         }
@@ -164,6 +168,7 @@ impl<P: Processor> KafkaStage<P> {
         let started = Instant::now();
         let positions = self.engine.prepare_commit();
         self.send_collected();
+        self.phases.lap(Phase::CommitPrepare, started);
         let mut offsets = TopicPartitionList::new();
         for (subscription, partition, next) in positions {
             offsets.add_partition_offset(
@@ -175,21 +180,26 @@ impl<P: Processor> KafkaStage<P> {
         let group = consumer.group_metadata();
         let result = self
             .delivery
-            .commit(&offsets, group.as_ref())
+            .commit(&offsets, group.as_ref(), &mut self.phases)
             .and_then(|()| {
                 if self.delivery.is_transactional() || offsets.count() == 0 {
                     return Ok(());
                 }
-                consumer
+                let started = Instant::now();
+                let committed = consumer
                     .commit(&offsets, CommitMode::Sync)
-                    .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")))
+                    .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")));
+                self.phases.lap(Phase::CommitOffsets, started);
+                committed
             });
         match result {
             Ok(()) => {
                 let delivered = self.delivery.take_offsets();
+                let applying = Instant::now();
                 self.engine.commit_succeeded(|changelog| {
                     delivered.get(&changelog.delivery_tag()).copied()
                 })?;
+                self.phases.lap(Phase::CommitApply, applying);
             }
             Err(CommitError::Aborted(reason)) => {
                 tracing::warn!(%reason, "commit aborted; rolling back to the last commit");
@@ -199,8 +209,14 @@ impl<P: Processor> KafkaStage<P> {
             Err(fatal @ CommitError::Fatal(_)) => return Err(fatal.into()),
         }
         self.engine.commit_finished(started);
-        self.metrics.publish(self.engine.snapshot());
+        self.publish_metrics();
         Ok(())
+    }
+
+    fn publish_metrics(&self) {
+        let mut snapshot = self.engine.snapshot();
+        self.phases.export(&mut snapshot);
+        self.metrics.publish(snapshot);
     }
 
     /// Returns every task to its last committed state and rewinds the
@@ -276,7 +292,7 @@ impl<P: Processor> KafkaStage<P> {
                 "task ready"
             );
         }
-        self.metrics.publish(self.engine.snapshot());
+        self.publish_metrics();
         self.metrics.set_ready(true);
         Ok(())
     }
@@ -351,7 +367,7 @@ impl<P: Processor> KafkaStage<P> {
                 self.engine.release(index, element.partition());
             }
         }
-        self.metrics.publish(self.engine.snapshot());
+        self.publish_metrics();
         Ok(())
     }
 }
@@ -422,8 +438,12 @@ fn process_until_shutdown<P: Processor>(
     while !shutdown.load(Ordering::Relaxed) {
         // Wait briefly for the first record, then take what is already there.
         let mut timeout = Duration::from_millis(20);
+        let mut polling = Duration::ZERO;
         for _ in 0..MAX_BATCH {
-            let Some(polled) = consumer.poll(timeout) else {
+            let poll_started = Instant::now();
+            let polled = consumer.poll(timeout);
+            polling += poll_started.elapsed();
+            let Some(polled) = polled else {
                 break;
             };
             timeout = Duration::ZERO;
@@ -433,7 +453,11 @@ fn process_until_shutdown<P: Processor>(
                 return Err(error);
             }
             match polled {
-                Ok(message) => stage.handle(&message)?,
+                Ok(message) => {
+                    let started = Instant::now();
+                    stage.handle(&message)?;
+                    stage.phases.lap(Phase::Process, started);
+                }
                 Err(error) => {
                     if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
                         tracing::warn!(%error, "consumer error (retrying)");
@@ -451,6 +475,7 @@ fn process_until_shutdown<P: Processor>(
         if let Some(error) = stage.fatal.take() {
             return Err(error);
         }
+        stage.phases.add(Phase::Poll, polling);
         stage.tick(consumer)?;
     }
     tracing::info!("shutdown requested; committing and closing");
