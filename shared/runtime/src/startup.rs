@@ -164,6 +164,41 @@ pub(crate) fn stage_topics<I, P: Processor>(
     })
 }
 
+/// What a stage is called and how its clock treats quiet inputs.
+pub(crate) struct StageRole {
+    /// The stage's group, state directory and internal-topic prefix: the
+    /// service's application id, or `<app-id>-<name>` for a later stage.
+    pub application_id: String,
+    pub late_topic: Option<String>,
+    pub idleness: Idleness,
+}
+
+impl StageRole {
+    /// The role of stage `name` (`None` for the first) of the service whose
+    /// application id is `service_application_id`.
+    ///
+    /// Late records and idle inputs concern the service's input topics,
+    /// which only the first stage reads. A later stage's clock follows the
+    /// watermarks announced on its links (which already move with idleness
+    /// upstream), except that an upstream task never heard from (its input
+    /// partition received nothing) stops holding it back.
+    pub fn of(service_application_id: &str, name: Option<&str>, args: &RuntimeArgs) -> Self {
+        let first_stage = name.is_none();
+        StageRole {
+            application_id: match name {
+                None => service_application_id.to_string(),
+                Some(name) => format!("{service_application_id}-{name}"),
+            },
+            late_topic: args.late_topic.clone().filter(|_| first_stage),
+            idleness: match args.idle_timeout.map(|d| d.as_std()) {
+                None => Idleness::Off,
+                Some(timeout) if first_stage => Idleness::Inputs(timeout),
+                Some(timeout) => Idleness::Upstreams(timeout),
+            },
+        }
+    }
+}
+
 /// How a stage's event time and merging behave.
 pub(crate) struct TimeSettings {
     pub commit_interval: std::time::Duration,
@@ -297,22 +332,11 @@ pub(crate) fn prepare_stage<P: Processor>(
 ) -> anyhow::Result<GroupConsumer<P>> {
     let args = &env.args;
     let admin = &env.admin;
-    let application_id = match name {
-        None => env.application_id.clone(),
-        Some(name) => format!("{}-{name}", env.application_id),
-    };
-    // Late records and idle inputs concern the service's input topics,
-    // which only the first stage reads. A later stage's clock follows the
-    // watermarks announced on its links (which already move with idleness
-    // upstream), except that an upstream task never heard from (its input
-    // partition received nothing) stops holding it back.
-    let first_stage = name.is_none();
-    let late_topic = args.late_topic.clone().filter(|_| first_stage);
-    let idleness = match args.idle_timeout.map(|d| d.as_std()) {
-        None => Idleness::Off,
-        Some(timeout) if first_stage => Idleness::Inputs(timeout),
-        Some(timeout) => Idleness::Upstreams(timeout),
-    };
+    let StageRole {
+        application_id,
+        late_topic,
+        idleness,
+    } = StageRole::of(&env.application_id, name, args);
     let state_dir = args.state_dir.join(&application_id);
     std::fs::create_dir_all(&state_dir).map_err(|e| {
         anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())

@@ -114,11 +114,11 @@ use crate::engine::{Engine, Incoming, Subscription};
 use crate::metrics::Snapshot;
 use crate::processor::{MapState, Processor, ValueState};
 use crate::startup::{
-    co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, TimeSettings,
+    co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, StageRole,
+    TimeSettings,
 };
 use crate::state::codec::{decode_value, map_prefix, MapKey};
 use crate::state::store::{StateResources, TaskStore};
-use crate::time::Idleness;
 use crate::topology::{Source, Topology};
 use crate::watermark::Announcement;
 use crate::Pipeline;
@@ -401,17 +401,11 @@ pub(crate) fn driver_stage<P: Processor>(
     topology: Topology<P::Input>,
     processor: P,
 ) -> anyhow::Result<Box<dyn DriverStage>> {
-    let application_id = match name {
-        None => env.application_id.clone(),
-        Some(name) => format!("{}-{name}", env.application_id),
-    };
-    let first_stage = name.is_none();
-    let late_topic = env.args.late_topic.clone().filter(|_| first_stage);
-    let idleness = match env.args.idle_timeout.map(|d| d.as_std()) {
-        None => Idleness::Off,
-        Some(timeout) if first_stage => Idleness::Inputs(timeout),
-        Some(timeout) => Idleness::Upstreams(timeout),
-    };
+    let StageRole {
+        application_id,
+        late_topic,
+        idleness,
+    } = StageRole::of(&env.application_id, name, &env.args);
     let sources: Vec<SourceTopic> =
         resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
     for (input, source) in topology.inputs.iter().zip(&sources) {
