@@ -287,6 +287,11 @@ impl Service {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Where the log is written (it stays after the service is gone).
+    pub fn log_path(&self) -> PathBuf {
+        self.log.clone()
+    }
+
     /// Fetches `/metrics`.
     pub fn metrics(&self) -> String {
         http_get(self.http_port, "/metrics").unwrap_or_default()

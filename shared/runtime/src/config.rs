@@ -24,6 +24,15 @@ pub enum ProcessingGuarantee {
     AtLeastOnce,
 }
 
+/// Which consumer group protocol the stages' consumers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GroupProtocol {
+    /// Eager rebalancing, librdkafka's range assignor.
+    Classic,
+    /// KIP-848 incremental rebalancing, the broker's range assignor.
+    Consumer,
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -63,6 +72,13 @@ pub struct RuntimeArgs {
     /// must be unique among the instances of an application.
     #[arg(long, env = "INSTANCE_ID", value_parser = parse_instance_id)]
     pub instance_id: Option<String>,
+
+    /// The consumer group protocol: `classic` (eager rebalancing with the
+    /// client-side range assignor) or `consumer` (KIP-848: incremental
+    /// rebalancing with the broker's range assignor; tasks that do not move
+    /// keep processing through a rebalance). Needs Kafka 4.0 or newer.
+    #[arg(long, env = "GROUP_PROTOCOL", value_enum, default_value = "classic")]
+    pub group_protocol: GroupProtocol,
 
     /// Directory for the RocksDB state of this instance's tasks.
     #[arg(long, env = "STATE_DIR", default_value = "./state")]

@@ -36,6 +36,10 @@ pub const COMMIT_SECONDS: &str = "streams_commit_duration_seconds_total";
 /// offset commit), `commit_transaction`, `commit_apply` (writing the overlay
 /// to RocksDB).
 pub const PHASE_SECONDS: &str = "streams_thread_phase_seconds_total";
+/// Tasks of which this instance holds only some partitions (an incremental
+/// rebalance in progress, or an assignor that split them): they do not
+/// process until the rest arrives.
+pub const TASKS_INCOMPLETE: &str = "streams_tasks_incomplete";
 /// Wall clock minus task watermark, by task.
 pub const WATERMARK_LAG: &str = "streams_watermark_lag_seconds";
 /// Estimated bytes of committed state, by task.

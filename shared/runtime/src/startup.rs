@@ -16,7 +16,7 @@ use rdkafka::ClientConfig;
 use crate::avro::{leak_schema, AvroEncoder, Registry};
 use crate::clock::Clock;
 use crate::collector::Collector;
-use crate::config::{ProcessingGuarantee, RuntimeArgs};
+use crate::config::{GroupProtocol, ProcessingGuarantee, RuntimeArgs};
 use crate::delivery::Delivery;
 use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, StageContext};
 use crate::engine::{
@@ -446,6 +446,8 @@ pub(crate) fn prepare_stage<P: Processor>(
         resources: StateResources::new(memory_limit),
         metrics: env.metrics.add_stage(name),
         phases: Default::default(),
+        owned: Default::default(),
+        incomplete: Default::default(),
         fatal: None,
     };
 
@@ -456,8 +458,20 @@ pub(crate) fn prepare_stage<P: Processor>(
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
-        .set("partition.assignment.strategy", "range")
         .set("enable.partition.eof", "false");
+    match args.group_protocol {
+        // Range hands out equal-numbered partitions of co-partitioned topics
+        // together: the co-location every task needs.
+        GroupProtocol::Classic => {
+            consumer_config.set("partition.assignment.strategy", "range");
+        }
+        GroupProtocol::Consumer => {
+            consumer_config.set("group.protocol", "consumer");
+            if consumer_config.get("group.remote.assignor").is_none() {
+                consumer_config.set("group.remote.assignor", "range");
+            }
+        }
+    }
     if let Some(instance) = &args.instance_id {
         consumer_config.set("group.instance.id", instance);
     }

@@ -12,6 +12,7 @@
 //! which is why the stage lives in the consumer context behind a mutex that
 //! is never held across `poll`.
 
+use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -43,6 +44,10 @@ pub(crate) struct KafkaStage<P: Processor> {
     pub metrics: StageMetrics,
     /// Where the processing thread's time goes.
     pub phases: PhaseTimes,
+    /// Owned partitions of the topics that feed tasks, by (subscription, partition).
+    pub owned: HashSet<(usize, i32)>,
+    /// Tasks of which only some partitions are owned (paused).
+    pub incomplete: BTreeSet<i32>,
     /// An error raised inside a rebalance callback, surfaced by the loop.
     pub fatal: Option<anyhow::Error>,
 }
@@ -216,6 +221,11 @@ impl<P: Processor> KafkaStage<P> {
     fn publish_metrics(&self) {
         let mut snapshot = self.engine.snapshot();
         self.phases.export(&mut snapshot);
+        snapshot.set(
+            crate::metrics::TASKS_INCOMPLETE,
+            vec![],
+            self.incomplete.len() as f64,
+        );
         self.metrics.publish(snapshot);
     }
 
@@ -260,40 +270,74 @@ impl<P: Processor> KafkaStage<P> {
         Ok(())
     }
 
-    /// Opens (and restores) the tasks of newly assigned partitions.
+    /// Takes newly assigned partitions: opens (and restores) every task whose
+    /// partitions are now all here. A task of which only some partitions
+    /// are here (an incremental rebalance moves them one by one) stays
+    /// closed, its partitions paused, until the rest arrives.
     pub fn assign(
         &mut self,
         consumer: &GroupConsumer<P>,
         partitions: &TopicPartitionList,
     ) -> anyhow::Result<()> {
         self.metrics.set_ready(false);
-        let mut task_partitions: Vec<i32> = partitions
-            .elements()
-            .iter()
-            .filter(|e| {
-                self.engine
-                    .subscription_index(e.topic())
-                    .is_some_and(|i| self.engine.subscriptions()[i].route.feeds_task())
-            })
-            .map(|e| e.partition())
-            .collect();
-        task_partitions.sort_unstable();
-        task_partitions.dedup();
-        for partition in task_partitions {
-            if self.engine.has_task(partition) {
+        let mut touched: Vec<i32> = Vec::new();
+        for element in partitions.elements() {
+            let Some(index) = self.engine.subscription_index(element.topic()) else {
                 continue;
+            };
+            if self.engine.subscriptions()[index].route.feeds_task() {
+                self.owned.insert((index, element.partition()));
+                touched.push(element.partition());
             }
-            let started = Instant::now();
-            let store = self.open_store(consumer, partition)?;
-            self.engine.open_task(partition, store)?;
-            tracing::info!(
-                partition,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "task ready"
-            );
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for partition in touched {
+            self.settle_task(consumer, partition)?;
         }
         self.publish_metrics();
         self.metrics.set_ready(true);
+        Ok(())
+    }
+
+    /// Opens task `partition` if all its partitions are owned and it is not
+    /// open; pauses what is owned of it otherwise.
+    fn settle_task(&mut self, consumer: &GroupConsumer<P>, partition: i32) -> anyhow::Result<()> {
+        let task_topics = self.engine.task_topics();
+        let owned: Vec<&String> = task_topics
+            .iter()
+            .filter(|(index, _)| self.owned.contains(&(*index, partition)))
+            .map(|(_, topic)| topic)
+            .collect();
+        let mut list = TopicPartitionList::new();
+        for topic in &owned {
+            list.add_partition(topic, partition);
+        }
+        if owned.len() < task_topics.len() {
+            if !owned.is_empty() && self.incomplete.insert(partition) {
+                tracing::warn!(
+                    partition,
+                    "this instance holds only some partitions of task {partition}; \
+                     it does not process them until the rest is assigned"
+                );
+                consumer.pause(&list)?;
+            }
+            return Ok(());
+        }
+        if self.incomplete.remove(&partition) {
+            consumer.resume(&list)?;
+        }
+        if self.engine.has_task(partition) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let store = self.open_store(consumer, partition)?;
+        self.engine.open_task(partition, store)?;
+        tracing::info!(
+            partition,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "task ready"
+        );
         Ok(())
     }
 
@@ -355,16 +399,52 @@ impl<P: Processor> KafkaStage<P> {
         Ok(store)
     }
 
-    /// Commits, then closes the tasks of revoked partitions.
+    /// Commits, then closes the tasks that lose a partition; what they keep
+    /// of their partitions is paused until the task is whole again.
     pub fn revoke(
         &mut self,
         consumer: &GroupConsumer<P>,
         partitions: &TopicPartitionList,
     ) -> anyhow::Result<()> {
         self.commit(consumer)?;
+        let mut touched = Vec::new();
         for element in partitions.elements() {
-            if let Some(index) = self.engine.subscription_index(element.topic()) {
-                self.engine.release(index, element.partition());
+            let Some(index) = self.engine.subscription_index(element.topic()) else {
+                continue;
+            };
+            let partition = element.partition();
+            self.engine.release(index, partition);
+            if self.owned.remove(&(index, partition)) {
+                touched.push(partition);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for partition in touched {
+            let task_topics = self.engine.task_topics();
+            for (index, _) in &task_topics {
+                self.engine.release(*index, partition);
+            }
+            // Records of the partitions kept were consumed into the closed
+            // task's buffers but not processed: read them again from the
+            // offsets just committed.
+            let kept: Vec<&str> = task_topics
+                .iter()
+                .filter(|(index, _)| self.owned.contains(&(*index, partition)))
+                .map(|(_, topic)| topic.as_str())
+                .collect();
+            let committed = if kept.is_empty() {
+                Vec::new()
+            } else {
+                committed_for(consumer, &kept, partition)?
+            };
+            for (topic, committed) in kept.iter().zip(committed) {
+                let offset = committed.map_or(Offset::Beginning, Offset::Offset);
+                consumer.seek(topic, partition, offset, Duration::from_secs(10))?;
+            }
+            self.settle_task(consumer, partition)?;
+            if !self.owned.iter().any(|(_, p)| *p == partition) {
+                self.incomplete.remove(&partition);
             }
         }
         self.publish_metrics();

@@ -1,0 +1,204 @@
+//! Incremental rebalancing (`--group-protocol consumer`, KIP-848): instances
+//! join and leave, tasks move one at a time, the tasks that stay never stop,
+//! and every task keeps its partitions together.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use e2e_tests::*;
+use serde_json::{json, Value};
+
+const PARTITIONS: usize = 6;
+const BASE_TS: i64 = 1_692_000_000;
+
+struct Run {
+    orders: String,
+    shipments: String,
+    output: String,
+    arguments: Vec<String>,
+}
+
+impl Run {
+    fn new() -> Self {
+        let orders = unique("orders");
+        let shipments = unique("shipments");
+        let output = unique("shipped-orders");
+        create_topic(&orders, PARTITIONS);
+        create_topic(&shipments, PARTITIONS);
+        let arguments = args(&[
+            "--orders-topic",
+            &orders,
+            "--shipments-topic",
+            &shipments,
+            "--output-topic",
+            &output,
+            "--application-id",
+            &unique("joiner-rebalance"),
+            "--group-protocol",
+            "consumer",
+        ]);
+        Run {
+            orders,
+            shipments,
+            output,
+            arguments,
+        }
+    }
+
+    fn start(&self) -> Service {
+        let service = Service::start("order-shipment-joiner", &self.arguments);
+        service.wait_ready(Duration::from_secs(60));
+        service
+    }
+
+    /// Orders `ids` and one shipment each, an hour later; every pair joins.
+    fn produce(&self, ids: std::ops::Range<i32>) {
+        let orders: Vec<Value> = ids
+            .clone()
+            .map(|id| {
+                json!({"key": id.to_string(), "value": {"id": id, "total_amount": 1.0,
+                "customer_name": "c", "order_ts_raw": BASE_TS + i64::from(id)}})
+            })
+            .collect();
+        let shipments: Vec<Value> = ids
+            .map(|id| {
+                json!({"key": format!("s{id}"), "value": {"id": format!("s{id}"),
+                "order_id": id, "warehouse": "W", "ship_ts_raw": BASE_TS + i64::from(id) + 3600}})
+            })
+            .collect();
+        produce(&self.orders, "orders", &orders);
+        produce(&self.shipments, "shipments", &shipments);
+    }
+}
+
+/// The tasks `service` has open, from its per-task gauges.
+fn tasks(service: &Service) -> BTreeSet<i32> {
+    service
+        .metrics()
+        .lines()
+        .filter_map(|line| line.strip_prefix("streams_timers_pending{task=\""))
+        .filter_map(|rest| rest.split('"').next()?.parse().ok())
+        .collect()
+}
+
+/// The partitions whose task `service` has closed so far, from its log.
+fn closed(service: &Service) -> Vec<i32> {
+    service
+        .log()
+        .lines()
+        .filter(|line| line.contains("task closed"))
+        .filter_map(|line| {
+            line.split("partition=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Waits until the instances own every task exactly once, each whole.
+fn wait_balanced(instances: &[&Service]) -> Vec<BTreeSet<i32>> {
+    let settled = eventually(Duration::from_secs(90), || {
+        let owned: Vec<BTreeSet<i32>> = instances.iter().map(|s| tasks(s)).collect();
+        let total: usize = owned.iter().map(BTreeSet::len).sum();
+        let union: BTreeSet<i32> = owned.iter().flatten().copied().collect();
+        total == PARTITIONS
+            && union.len() == PARTITIONS
+            && owned.iter().all(|tasks| !tasks.is_empty())
+            && instances
+                .iter()
+                .all(|s| s.metric("streams_tasks_incomplete") == 0.0)
+    });
+    let owned: Vec<BTreeSet<i32>> = instances.iter().map(|s| tasks(s)).collect();
+    assert!(
+        settled,
+        "tasks not balanced, whole and disjoint: {owned:?}\n{}",
+        instances
+            .iter()
+            .map(|s| s.log())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    );
+    owned
+}
+
+fn assert_output(run: &Run, count: i32) {
+    let output = wait_for_records(&run.output, count as usize, Duration::from_secs(120));
+    let ids: BTreeSet<i64> = output
+        .iter()
+        .map(|row| row["value"]["order_id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(output.len(), count as usize, "every pair exactly once");
+    assert_eq!(ids, (0..i64::from(count)).collect());
+}
+
+/// Asserts that each instance closed exactly the tasks it lost between
+/// `before` and `after`: a task it kept never stopped.
+fn assert_only_moved_tasks_stopped(
+    instances: &[&Service],
+    closed_before: &[usize],
+    before: &[BTreeSet<i32>],
+    after: &[BTreeSet<i32>],
+) -> usize {
+    let mut moved = 0;
+    for (index, service) in instances.iter().enumerate() {
+        let newly_closed: BTreeSet<i32> = closed(service)[closed_before[index]..]
+            .iter()
+            .copied()
+            .collect();
+        let lost: BTreeSet<i32> = before[index].difference(&after[index]).copied().collect();
+        assert_eq!(
+            newly_closed,
+            lost,
+            "instance {index} must close exactly the tasks it lost (it kept {:?}):\n{}",
+            before[index]
+                .intersection(&after[index])
+                .collect::<Vec<_>>(),
+            service.log()
+        );
+        moved += lost.len();
+    }
+    moved
+}
+
+#[test]
+fn instances_join_and_leave_and_only_moved_tasks_stop() {
+    let run = Run::new();
+    let (a, b, c) = (run.start(), run.start(), run.start());
+    let before = wait_balanced(&[&a, &b, &c]);
+    run.produce(0..2_000);
+    assert_output(&run, 2_000);
+
+    // A fourth instance joins.
+    let closed_before: Vec<usize> = [&a, &b, &c].iter().map(|s| closed(s).len()).collect();
+    let d = run.start();
+    let after_join = wait_balanced(&[&a, &b, &c, &d]);
+    let moved =
+        assert_only_moved_tasks_stopped(&[&a, &b, &c], &closed_before, &before, &after_join);
+    println!("join: tasks {before:?} -> {after_join:?}, {moved} moved");
+    run.produce(2_000..4_000);
+    assert_output(&run, 4_000);
+
+    // One leaves.
+    let closed_before: Vec<usize> = [&a, &b, &d].iter().map(|s| closed(s).len()).collect();
+    let c_log = c.log_path();
+    let status = c.stop();
+    assert!(
+        status.success(),
+        "{status}: {}",
+        std::fs::read_to_string(&c_log).unwrap_or_default()
+    );
+    let after_leave = wait_balanced(&[&a, &b, &d]);
+    let staying = [
+        after_join[0].clone(),
+        after_join[1].clone(),
+        after_join[3].clone(),
+    ];
+    let moved =
+        assert_only_moved_tasks_stopped(&[&a, &b, &d], &closed_before, &staying, &after_leave);
+    println!("leave: tasks {staying:?} -> {after_leave:?}, {moved} moved besides the leaver's");
+    run.produce(4_000..6_000);
+    assert_output(&run, 6_000);
+}
