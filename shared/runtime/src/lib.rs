@@ -28,6 +28,7 @@
 //!   letters, commits as state sees them — writing into a `collector`;
 //!   `engine::kafka_stage` runs it on a consumer group (poll loop, producer,
 //!   transactions, rebalances).
+//! * [`jobs`]: work a processor hands off the processing thread, and its completions.
 //! * `output`: encoding results; `collector`: what a stage writes, before a producer.
 //! * [`delivery`]: the producer, delivery reports and transactions.
 //! * `restore`: rebuilding task state from changelog topics.
@@ -47,6 +48,7 @@ pub mod delivery;
 pub mod duration;
 mod engine;
 mod http;
+pub mod jobs;
 pub mod metrics;
 mod output;
 pub mod processor;
@@ -77,6 +79,7 @@ pub use topology::{InputStream, StageLink, Topology};
 
 /// What a service's processor and topology code imports.
 pub mod prelude {
+    pub use crate::jobs::Completion;
     pub use crate::processor::{
         Context, MapState, NoTimers, Processor, Record, Timer, TimerName, ValueState,
     };

@@ -21,11 +21,13 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::collector::Collector;
+use crate::jobs::{Completion, Job};
 use crate::output::OutputEncoder;
 use crate::state::codec::{decode_value, encode_value, map_prefix, MapKey};
 use crate::state::store::{StoreIndex, TaskStore};
@@ -253,7 +255,9 @@ pub struct Context<'a, P: Processor> {
     /// The watermark that results carry when they feed another stage.
     pub(crate) stamp: Option<Announcement>,
     pub(crate) counters: &'a mut BTreeMap<&'static str, u64>,
-    pub(crate) shutdown: &'a AtomicBool,
+    pub(crate) shutdown: &'a Arc<AtomicBool>,
+    /// Jobs submitted during this call, started by the task after it.
+    pub(crate) submitted: &'a mut Vec<Job<P>>,
     pub(crate) _processor: PhantomData<fn(&P)>,
 }
 
@@ -281,6 +285,24 @@ impl<P: Processor> Context<'_, P> {
     /// done again after the restart.
     pub fn shutdown_requested(&self) -> bool {
         self.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// A flag that turns true when the service is asked to stop, for a job
+    /// (see [`submit`](Self::submit)) that waits on something external.
+    pub fn shutdown_flag(&self) -> Arc<AtomicBool> {
+        self.shutdown.clone()
+    }
+
+    /// Runs `job` off the processing thread (on one of the stage's job
+    /// workers) while the task goes on with other records; the
+    /// [`Completion`] it returns then runs on the processing thread, with
+    /// the processor and a context, in submission order among the task's
+    /// jobs. The task's next commit waits for every job it has started. A
+    /// job that fails fails the stage, like an error from `process`.
+    ///
+    /// See [`jobs`](crate::jobs) for how this keeps exactly-once.
+    pub fn submit(&mut self, job: impl FnOnce() -> anyhow::Result<Completion<P>> + Send + 'static) {
+        self.submitted.push(Box::new(job));
     }
 
     /// Adds one to the service counter `name` (exported as a metric).

@@ -199,11 +199,12 @@ impl StageRole {
     }
 }
 
-/// How a stage's event time and merging behave.
+/// How a stage's event time, merging and jobs behave.
 pub(crate) struct TimeSettings {
     pub commit_interval: std::time::Duration,
     pub max_task_idle: std::time::Duration,
     pub idleness: Idleness,
+    pub job_workers: usize,
 }
 
 /// Builds a stage's engine from its topology, once its topics exist.
@@ -290,6 +291,7 @@ pub(crate) fn wire_stage<P: Processor>(
         max_task_idle: time.max_task_idle,
         store_names: topics.store_names.clone(),
         link_partitions: topics.link_partitions,
+        job_workers: time.job_workers,
     };
     Ok(Engine::new(EngineParts {
         settings,
@@ -399,6 +401,7 @@ pub(crate) fn prepare_stage<P: Processor>(
         .register(&subject, &topology.output_schema)
         .map_err(|e| anyhow::anyhow!("cannot register the output schema under {subject}: {e}"))?;
 
+    let job_workers = topology.job_workers;
     let engine = wire_stage(
         topology,
         processor,
@@ -411,6 +414,7 @@ pub(crate) fn prepare_stage<P: Processor>(
             commit_interval: args.commit_interval.as_std(),
             max_task_idle: args.max_task_idle.as_std(),
             idleness,
+            job_workers,
         },
         registry,
         Clock::System,

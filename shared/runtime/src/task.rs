@@ -14,10 +14,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::TryRecvError;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Now;
 use crate::collector::Collector;
+use crate::jobs::{self, JobPool};
 use crate::output::OutputEncoder;
 use crate::processor::{Context, Processor, Record, Timer, TimerName};
 use crate::state::store::{StoreIndex, TaskStore};
@@ -55,7 +58,9 @@ pub(crate) struct TaskEnv<'a> {
     /// Wall-clock time of this batch of work (read once, not per record).
     pub now: Now,
     /// Set when the service is asked to stop.
-    pub shutdown: &'a AtomicBool,
+    pub shutdown: &'a Arc<AtomicBool>,
+    /// Where submitted jobs run.
+    pub jobs: &'a JobPool,
 }
 
 /// Where a buffered entry came from: its topic (engine index) and offset.
@@ -134,6 +139,8 @@ pub(crate) struct Task<P: Processor> {
     /// The watermark last announced to the next stage, if the output is a
     /// stage link.
     pub announced: Option<i64>,
+    /// Jobs started and not yet completed, in submission order.
+    in_flight: VecDeque<jobs::Pending<P>>,
 }
 
 const TASK_WATERMARK_KEY: &[u8] = b"T";
@@ -204,6 +211,7 @@ impl<P: Processor> Task<P> {
             blocked_since: None,
             stamp_watermark: NO_WATERMARK,
             announced: None,
+            in_flight: VecDeque::new(),
         };
         task.load(now)?;
         Ok(task)
@@ -286,6 +294,7 @@ impl<P: Processor> Task<P> {
 
     /// Drops uncommitted changes and returns to the last committed state.
     pub fn rollback(&mut self, now: Now) -> anyhow::Result<()> {
+        self.in_flight.clear();
         self.buffers.iter_mut().for_each(VecDeque::clear);
         self.blocked_since = None;
         self.announced = None;
@@ -374,17 +383,19 @@ impl<P: Processor> Task<P> {
         Ok(())
     }
 
-    /// Runs `call` with the processor and a context over this task's state.
-    fn with_processor<R>(
+    /// Runs `call` with the processor and a context over this task's state,
+    /// then starts the jobs it submitted.
+    fn with_processor(
         &mut self,
         env: &mut TaskEnv<'_>,
-        call: impl FnOnce(&mut P, &mut Context<'_, P>) -> R,
-    ) -> R {
+        call: impl FnOnce(&mut P, &mut Context<'_, P>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
         let stamp =
             (env.feeds_stage && self.stamp_watermark != NO_WATERMARK).then_some(Announcement {
                 source: self.partition as u32,
                 watermark: self.stamp_watermark,
             });
+        let mut submitted = Vec::new();
         let mut ctx = Context {
             store: &mut self.store,
             timers: &mut self.timers,
@@ -396,9 +407,43 @@ impl<P: Processor> Task<P> {
             stamp,
             counters: &mut self.counters,
             shutdown: env.shutdown,
+            submitted: &mut submitted,
             _processor: PhantomData,
         };
-        call(&mut self.processor, &mut ctx)
+        let result = call(&mut self.processor, &mut ctx);
+        for job in submitted {
+            self.in_flight.push_back(env.jobs.start(job));
+        }
+        result
+    }
+
+    /// Whether jobs of this task are still running or waiting to complete.
+    pub fn has_jobs(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    /// Runs the completions of finished jobs, in submission order; with
+    /// `wait`, waits for every job (before a commit).
+    pub fn complete_jobs(&mut self, env: &mut TaskEnv<'_>, wait: bool) -> anyhow::Result<()> {
+        while let Some(next) = self.in_flight.front() {
+            let result = if wait {
+                next.recv()
+                    .map_err(|_| anyhow::anyhow!("a job of task {} was lost", self.partition))?
+            } else {
+                match next.try_recv() {
+                    Ok(result) => result,
+                    Err(TryRecvError::Empty) => return Ok(()),
+                    Err(TryRecvError::Disconnected) => {
+                        anyhow::bail!("a job of task {} was lost", self.partition)
+                    }
+                }
+            };
+            self.in_flight.pop_front();
+            let completion = result?;
+            self.stamp_watermark = self.watermark;
+            self.with_processor(env, |processor, ctx| completion(processor, ctx))?;
+        }
+        Ok(())
     }
 
     /// Recomputes the task watermark; if it moved forward, fires every

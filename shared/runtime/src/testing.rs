@@ -27,6 +27,8 @@
 //!   records) as JSON, [`state`](TestDriver::state) reads a store, and
 //!   [`metrics`](TestDriver::metrics) every counter.
 //!
+//! Jobs a processor [submits](crate::Context::submit) run inline, at once.
+//!
 //! Records written by a stage are visible at once, also before a commit; a
 //! crash removes those not committed, as an aborted transaction would for a
 //! `read_committed` consumer.
@@ -199,7 +201,7 @@ pub(crate) trait DriverStage {
     fn tick(&mut self) -> anyhow::Result<()>;
     fn commit_due(&self) -> bool;
     /// Collects what goes out with a commit; returns the input positions.
-    fn prepare_commit(&mut self) -> Vec<(usize, i32, i64)>;
+    fn prepare_commit(&mut self) -> anyhow::Result<Vec<(usize, i32, i64)>>;
     fn commit_succeeded(&mut self, checkpoints: &HashMap<(String, i32), i64>)
         -> anyhow::Result<()>;
     /// Drops uncommitted work and reopens every task from its store on disk,
@@ -260,7 +262,7 @@ impl<P: Processor> DriverStage for EngineStage<P> {
         self.engine.commit_due()
     }
 
-    fn prepare_commit(&mut self) -> Vec<(usize, i32, i64)> {
+    fn prepare_commit(&mut self) -> anyhow::Result<Vec<(usize, i32, i64)>> {
         self.engine.prepare_commit()
     }
 
@@ -460,6 +462,8 @@ pub(crate) fn driver_stage<P: Processor>(
             commit_interval: env.args.commit_interval.as_std(),
             max_task_idle: env.args.max_task_idle.as_std(),
             idleness,
+            // Jobs run inline: results in tests do not depend on thread timing.
+            job_workers: 0,
         },
         env.registry.clone(),
         env.clock.clone(),
@@ -682,7 +686,7 @@ impl TestDriver {
     /// watermarks the earlier ones announced.
     pub fn commit(&mut self) -> anyhow::Result<()> {
         for index in 0..self.stages.len() {
-            let positions = self.stages[index].prepare_commit();
+            let positions = self.stages[index].prepare_commit()?;
             self.collect(index)?;
             for (subscription, partition, next) in positions {
                 self.committed[index].insert((subscription, partition), next as usize);
@@ -996,6 +1000,88 @@ fn murmur2(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prelude::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Word {
+        text: String,
+        at: i64,
+    }
+
+    crate::stores! { SHOUTED: ValueState<u64> = "shouted"; }
+
+    /// Shouts each word in a job; the completion emits it and counts it.
+    #[derive(Clone)]
+    struct Shouter;
+
+    impl Processor for Shouter {
+        type Input = Word;
+        type Output = serde_json::Value;
+        type Timers = NoTimers;
+        const STORES: &'static [&'static str] = STORES;
+
+        fn process(
+            &mut self,
+            ctx: &mut Context<'_, Self>,
+            record: Record<'_, Word>,
+        ) -> anyhow::Result<()> {
+            let text = record.value.text;
+            ctx.submit(move || {
+                let loud = text.to_uppercase();
+                Ok(
+                    Box::new(move |_: &mut Shouter, ctx: &mut Context<'_, Shouter>| {
+                        let count = ctx.get(&SHOUTED, "all")?.unwrap_or(0) + 1;
+                        ctx.put(&SHOUTED, "all", &count)?;
+                        ctx.emit(None, &serde_json::json!({"word": loud}))
+                    }) as Completion<Shouter>,
+                )
+            });
+            Ok(())
+        }
+
+        fn on_timer(
+            &mut self,
+            _: &mut Context<'_, Self>,
+            _: Timer<'_, NoTimers>,
+        ) -> anyhow::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn job_completions_emit_in_order_and_change_state() {
+        let word = r#"{"type": "record", "name": "Word", "fields": [
+            {"name": "text", "type": "string"}, {"name": "at", "type": "long"}]}"#;
+        let loud = r#"{"type": "record", "name": "Loud", "fields": [
+            {"name": "word", "type": "string"}]}"#;
+        let topology = Topology::new("shouter", "loud", loud)
+            .input(InputStream::new("words", word, |w: &Word| w.at, |w| w).unwrap())
+            .job_workers(2);
+        let args = runtime_args(&[]).unwrap();
+        let mut driver = TestDriver::new(Pipeline::new(args, topology, Shouter)).unwrap();
+        for (at, text) in ["one", "two", "three"].iter().enumerate() {
+            driver
+                .pipe("words", None, serde_json::json!({"text": text, "at": at}))
+                .unwrap();
+        }
+        assert_eq!(
+            driver.read_values("loud").unwrap(),
+            vec![
+                serde_json::json!({"word": "ONE"}),
+                serde_json::json!({"word": "TWO"}),
+                serde_json::json!({"word": "THREE"}),
+            ]
+        );
+        assert_eq!(driver.state(&SHOUTED, "all").unwrap(), Some(3));
+        let before = driver.read_values("loud").unwrap();
+        driver.crash().unwrap();
+        assert_eq!(
+            driver.read_values("loud").unwrap(),
+            before,
+            "nothing was committed: the crash dropped it all and it was done again, once"
+        );
+        assert_eq!(driver.state(&SHOUTED, "all").unwrap(), Some(3));
+    }
 
     #[test]
     fn murmur2_matches_the_java_client() {

@@ -197,6 +197,7 @@ pub struct Topology<I> {
     pub(crate) sink: Sink,
     pub(crate) output_schema: String,
     pub(crate) max_out_of_orderness: i64,
+    pub(crate) job_workers: usize,
 }
 
 /// The runtime's store of pending timers.
@@ -246,6 +247,7 @@ impl<I> Topology<I> {
             sink,
             output_schema: output_schema.to_string(),
             max_out_of_orderness: 0,
+            job_workers: 0,
         }
     }
 
@@ -255,6 +257,14 @@ impl<I> Topology<I> {
         I: 'static,
     {
         self.inputs.push(input.into_spec());
+        self
+    }
+
+    /// Runs the processor's [jobs](crate::Context::submit) on `workers`
+    /// threads, so that at most that many run at once (default 0: a job runs
+    /// at once on the processing thread).
+    pub fn job_workers(mut self, workers: usize) -> Self {
+        self.job_workers = workers;
         self
     }
 

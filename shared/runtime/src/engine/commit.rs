@@ -88,11 +88,13 @@ impl<P: Processor> Engine<P> {
         }
     }
 
-    /// Collects everything that goes out with a commit — announcements, and
+    /// Collects everything that goes out with a commit — the completions of
+    /// every job still running (waited for), announcements, and
     /// every uncommitted state change as a changelog record, with the
     /// clocks and input positions staged into state first — and returns the
     /// input positions to commit with it.
-    pub fn prepare_commit(&mut self) -> Vec<Position> {
+    pub fn prepare_commit(&mut self) -> anyhow::Result<Vec<Position>> {
+        self.finish_jobs()?;
         self.announce_source_watermarks();
         self.announce_task_watermarks();
         for task in self.tasks.values_mut() {
@@ -113,10 +115,11 @@ impl<P: Processor> Engine<P> {
                 }
             }
         }
-        self.positions
+        Ok(self
+            .positions
             .iter()
             .map(|((subscription, partition), next)| (*subscription, *partition, *next))
-            .collect()
+            .collect())
     }
 
     /// The commit went through: local state takes the committed changes,

@@ -171,7 +171,7 @@ impl<P: Processor> KafkaStage<P> {
     /// Commits outputs, state changes and input offsets together.
     pub fn commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let started = Instant::now();
-        let positions = self.engine.prepare_commit();
+        let positions = self.engine.prepare_commit()?;
         self.send_collected();
         self.phases.lap(Phase::CommitPrepare, started);
         let mut offsets = TopicPartitionList::new();

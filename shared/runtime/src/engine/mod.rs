@@ -34,6 +34,7 @@ use rustc_hash::FxHashMap;
 use crate::avro::{DecodeError, Registry};
 use crate::clock::Clock;
 use crate::collector::{Collector, Headers, TopicId};
+use crate::jobs::JobPool;
 use crate::metrics::{self, Snapshot};
 use crate::output::OutputEncoder;
 use crate::processor::Processor;
@@ -51,6 +52,8 @@ pub(crate) struct EngineSettings {
     /// stamps its results with its watermark and announces it to each
     /// partition at commit.
     pub link_partitions: Option<usize>,
+    /// Threads running the processors' jobs (0: jobs run inline).
+    pub job_workers: usize,
 }
 
 /// What the engine does with records of one subscribed topic.
@@ -167,6 +170,7 @@ pub(crate) struct Engine<P: Processor> {
     clock: Clock,
     last_commit: Instant,
     shutdown: Arc<AtomicBool>,
+    jobs: JobPool,
 }
 
 /// The parts an engine is built from.
@@ -191,7 +195,9 @@ impl<P: Processor> Engine<P> {
             ..EngineCounters::default()
         };
         let last_commit = parts.clock.now().instant;
+        let jobs = JobPool::new(parts.settings.job_workers);
         Engine {
+            jobs,
             settings: parts.settings,
             processor: parts.processor,
             inputs: parts.inputs,
@@ -340,6 +346,7 @@ impl<P: Processor> Engine<P> {
             time: self.settings.event_time,
             now,
             shutdown: &self.shutdown,
+            jobs: &self.jobs,
         };
         while let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now.instant) {
             let origin = entry.origin();
@@ -381,7 +388,7 @@ impl<P: Processor> Engine<P> {
             self.positions
                 .insert((origin.topic_index, partition), origin.offset + 1);
         }
-        Ok(())
+        task.complete_jobs(&mut env, false)
     }
 
     /// Forwards a record of a re-keyed source to its repartition topic,
@@ -465,9 +472,31 @@ impl<P: Processor> Engine<P> {
             time: self.settings.event_time,
             now: self.clock.now(),
             shutdown: &self.shutdown,
+            jobs: &self.jobs,
         };
         for task in self.tasks.values_mut() {
             task.tick(&mut env)?;
+            task.complete_jobs(&mut env, false)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every started job and runs its completion (before a commit).
+    pub fn finish_jobs(&mut self) -> anyhow::Result<()> {
+        if !self.tasks.values().any(Task::has_jobs) {
+            return Ok(());
+        }
+        let mut env = TaskEnv {
+            collector: &mut self.collector,
+            output: &self.output,
+            feeds_stage: self.settings.link_partitions.is_some(),
+            time: self.settings.event_time,
+            now: self.clock.now(),
+            shutdown: &self.shutdown,
+            jobs: &self.jobs,
+        };
+        for task in self.tasks.values_mut() {
+            task.complete_jobs(&mut env, true)?;
         }
         Ok(())
     }
