@@ -260,14 +260,16 @@ impl Service {
         let http_port = free_port();
         let log = scratch_dir().join(format!("{}.log", unique(binary)));
         let log_file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin(binary))
-            .args(args)
+        let mut command = Command::new(bin(binary));
+        command.args(args);
+        if !args.iter().any(|arg| arg == "--commit-interval") {
+            command.args(["--commit-interval", "100ms"]);
+        }
+        let child = command
             .arg("--state-dir")
             .arg(&state_dir)
             .arg("--http-addr")
             .arg(format!("127.0.0.1:{http_port}"))
-            .arg("--commit-interval")
-            .arg("100ms")
             .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
             .env("SCHEMA_REGISTRY_URL", registry())
             .stdout(Stdio::null())

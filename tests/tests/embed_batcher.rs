@@ -364,6 +364,9 @@ fn the_openai_embedder_is_retried_until_it_answers_and_nothing_is_lost() {
                 "test-model",
                 "--embedder-api-key",
                 "sk-test",
+                // One batch at a time: the requests below are in send order.
+                "--embed-workers",
+                "1",
             ],
         ),
     );
