@@ -18,9 +18,13 @@ deps: ## install the Debian packages the build needs (cmake, libclang, ...)
 build: deps ## build every binary (debug)
 	$(CARGO) build --workspace --bins
 
-test: build up ## all tests: unit + end-to-end against the local stack (started if needed)
+test: build validate-deploy up ## all tests: unit + end-to-end against the local stack (started if needed)
 	rm -rf "$${E2E_SCRATCH_DIR:-$${TMPDIR:-/tmp}/streams-e2e}"
 	$(CARGO) test --workspace --no-fail-fast
+
+.PHONY: validate-deploy
+validate-deploy: build ## offline checks of deploy/: Dockerfile lint, k8s overlays, compose schema, flag drift (docs/deploy.md)
+	@bash deploy/validate.sh
 
 # The broker-free test-driver tests (tests/tests/driver_*.rs).
 DRIVER_TESTS := $(patsubst tests/tests/%.rs,--test %,$(wildcard tests/tests/driver_*.rs))
