@@ -27,6 +27,7 @@
 //! edit or a batch timer that finds expired entries first drops them too, so
 //! an expired edit is never sent.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -89,7 +90,8 @@ pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
         |a: &Article| a.updated_at,
         |a| a,
     )?)
-    .max_out_of_orderness(settings.max_out_of_orderness);
+    .max_out_of_orderness(settings.max_out_of_orderness)
+    .job_workers(settings.embed_workers as usize);
     Ok(Pipeline::new(settings.runtime, topology, processor))
 }
 
@@ -150,8 +152,13 @@ impl EmbedBatcher {
         Ok(live)
     }
 
-    /// Embeds `batch` in one request and emits its rows in batch order,
-    /// removing the sent edits from state.
+    /// Sends `batch` to the embedder off the processing thread, in one
+    /// request, and removes its edits from the pending state now (a newer
+    /// edit of the same article that arrives meanwhile waits for a later
+    /// batch). The rows are emitted when the vectors are back, in batch
+    /// order; completions of one task run in submission order, so a
+    /// tenant's batches come out in order. The commit waits for the batch:
+    /// the removed edits and their rows commit together.
     fn send(
         &self,
         ctx: &mut Context<'_, EmbedBatcher>,
@@ -163,26 +170,44 @@ impl EmbedBatcher {
             .iter()
             .map(|(_, edit)| format!("{}\n\n{}", edit.title, edit.body))
             .collect();
-        let vectors = self.embedder.embed(&texts, || ctx.shutdown_requested())?;
-        for ((doc_id, edit), embedding) in batch.iter().zip(vectors) {
-            let row = ArticleEmbedding {
+        let rows: Vec<ArticleEmbedding> = batch
+            .iter()
+            .map(|(doc_id, edit)| ArticleEmbedding {
                 tenant_id: tenant.to_string(),
                 doc_id: doc_id.clone(),
                 updated_at: edit.updated_at,
                 title: edit.title.clone(),
-                embedding,
+                embedding: Vec::new(),
                 batch_time,
-            };
-            ctx.emit(Some(tenant), &row)?;
+            })
+            .collect();
+        for (doc_id, _) in batch {
             ctx.map_remove(&PENDING, tenant, doc_id);
         }
-        ctx.increment("batches_sent");
+        let embedder = self.embedder.clone();
+        let shutdown = ctx.shutdown_flag();
+        let tenant = tenant.to_string();
+        ctx.submit(move || {
+            let vectors = embedder.embed(&texts, || shutdown.load(Ordering::Relaxed))?;
+            Ok(Box::new(
+                move |_: &mut EmbedBatcher, ctx: &mut Context<'_, EmbedBatcher>| {
+                    for (mut row, embedding) in rows.into_iter().zip(vectors) {
+                        row.embedding = embedding;
+                        ctx.emit(Some(&tenant), &row)?;
+                    }
+                    ctx.increment("batches_sent");
+                    Ok(())
+                },
+            ) as Completion<EmbedBatcher>)
+        });
         Ok(())
     }
 }
 
 /// Stores `progress` and sets the expiry timer by it; when nothing is
-/// pending, removes both (and the batch timer: there is nothing to send).
+/// pending, removes both. The batch timer is left alone: only `process`
+/// (earlier) and the batch timer itself (re-set, or cleared when it finds
+/// nothing pending) move it, so expiry does not change when batches go.
 fn save_progress(
     ctx: &mut Context<'_, EmbedBatcher>,
     tenant: &str,
@@ -190,7 +215,6 @@ fn save_progress(
 ) -> anyhow::Result<()> {
     if progress.pending == 0 {
         ctx.clear_wall_clock_timer(tenant, TenantTimer::Expiry);
-        ctx.clear_timer(tenant, TenantTimer::Batch);
         ctx.delete(&PROGRESS, tenant);
         return Ok(());
     }

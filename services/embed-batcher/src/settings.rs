@@ -64,6 +64,13 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub embedding_dimensions: u32,
 
+    /// Batches embedded at once, off the processing thread (for the
+    /// OpenAI-compatible embedder: concurrent requests). Records keep being
+    /// processed while batches are embedded.
+    #[arg(long, env = "EMBED_WORKERS", default_value = "2",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub embed_workers: u32,
+
     /// Timeout of one embedding request (a timed-out request is retried).
     #[arg(long, env = "EMBEDDER_TIMEOUT", default_value = "60s")]
     pub embedder_timeout: HumanDuration,

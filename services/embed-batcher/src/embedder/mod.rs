@@ -1,10 +1,10 @@
 //! Embedding models behind one trait, and the retry policy around them.
 //!
 //! The processor holds an `Arc` of the retrying embedder: every task (processor clone)
-//! shares one model and, for HTTP, one connection pool. Embedding happens on
-//! the engine thread inside `on_timer`, so a request blocks processing of
-//! this instance until it answers; that keeps a batch's rows and the state
-//! change that removes its edits in the same commit.
+//! shares one model and, for HTTP, one connection pool. A batch is embedded
+//! in a runtime job, off the processing thread (`--embed-workers` at once);
+//! the commit waits for it, which keeps a batch's rows and the state change
+//! that removes its edits in the same commit.
 
 mod local;
 mod openai;
