@@ -203,10 +203,20 @@ fn end_offsets(
     partitions: usize,
 ) -> anyhow::Result<HashMap<i32, i64>> {
     let mut ends = HashMap::new();
+    // A broker that is restarting or moving leaders answers with transient
+    // errors for a while: retry those for up to a minute.
+    let deadline = Instant::now() + Duration::from_secs(60);
     for partition in 0..partitions as i32 {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, partition, Duration::from_secs(10))
-            .map_err(|e| anyhow::anyhow!("end offsets of {topic}: {e}"))?;
+        let (low, high) = loop {
+            match consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)) {
+                Ok(watermarks) => break watermarks,
+                Err(error) if Instant::now() < deadline => {
+                    eprintln!("end offsets of {topic}: {error}; retrying");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(error) => anyhow::bail!("end offsets of {topic}: {error}"),
+            }
+        };
         if high > low {
             ends.insert(partition, high);
         }
