@@ -7,7 +7,7 @@ CARGO ?= cargo
 
 include deploy/local/stack.mk
 
-.PHONY: help deps build test test-unit lint demo bench
+.PHONY: help deps build test test-unit lint demo bench models
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -18,7 +18,7 @@ deps: ## install the Debian packages the build needs (cmake, libclang, ...)
 build: deps ## build every binary (debug)
 	$(CARGO) build --workspace --bins
 
-test: build validate-deploy up ## all tests: unit + end-to-end against the local stack (started if needed)
+test: build validate-deploy up models ## all tests: unit + end-to-end against the local stack (started if needed)
 	rm -rf "$${E2E_SCRATCH_DIR:-$${TMPDIR:-/tmp}/streams-e2e}"
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -34,11 +34,14 @@ test-unit: deps ## unit, doc and test-driver tests: every rule of every service,
 	$(CARGO) test --workspace --doc
 	$(CARGO) test -p e2e-tests $(DRIVER_TESTS)
 
+models: ## fetch the embedding model of embed-batcher into MODELS_DIR (default /var/tmp/streams-models)
+	@bash deploy/local/models.sh
+
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-demo: build up ## run every service on the example data (tests/fixtures) and show the results
+demo: build up models ## run every service on the example data (tests/fixtures) and show the results
 	@bash deploy/local/demo.sh
 
 bench: deps up ## throughput of every service on the local stack (release build; see BENCHMARKS.md)

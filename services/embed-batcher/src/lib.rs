@@ -3,7 +3,7 @@
 //! still arrive. See docs/services/embed-batcher.md.
 
 mod batching;
-mod embedder;
+pub mod embedder;
 mod model;
 pub mod processor;
 pub mod settings;

@@ -1,17 +1,40 @@
 //! Flags of embed-batcher (meaning and defaults: docs/services/embed-batcher.md).
 //! `--idle-timeout` comes with the common runtime flags.
 
+use std::path::PathBuf;
+
 use clap::{Parser, ValueEnum};
 use streams_runtime::{HumanDuration, RuntimeArgs};
 
 /// Which embedding model turns article text into vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EmbedderKind {
-    /// In-process feature hashing: deterministic, no network, no model files.
+    /// A sentence-transformers BERT model (all-MiniLM-L6-v2) run in-process
+    /// on the CPU, from the files in `--model-dir`.
     Local,
+    /// Feature hashing: deterministic and needs no files, but carries no
+    /// meaning (only shared words and spellings bring texts close).
+    Hashing,
     /// An OpenAI-compatible `POST {url}/v1/embeddings` endpoint (OpenAI,
     /// Ollama, vLLM, TEI).
     Openai,
+}
+
+/// Where `deploy/local/models.sh` (`make models`) puts models unless
+/// `MODELS_DIR` says otherwise.
+pub const DEFAULT_MODELS_DIR: &str = "/var/tmp/streams-models";
+
+/// The folder of the default model inside the models directory.
+pub const DEFAULT_MODEL_NAME: &str = "all-MiniLM-L6-v2";
+
+/// The default `--model-dir`: `$MODELS_DIR/all-MiniLM-L6-v2`, with
+/// `MODELS_DIR` defaulting to `/var/tmp/streams-models` (where `make models`
+/// puts it).
+pub fn default_model_dir() -> PathBuf {
+    let models = std::env::var_os("MODELS_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_MODELS_DIR), PathBuf::from);
+    models.join(DEFAULT_MODEL_NAME)
 }
 
 #[derive(Debug, Parser)]
@@ -59,10 +82,23 @@ pub struct Settings {
     #[arg(long, env = "EMBEDDER_API_KEY", hide_env_values = true)]
     pub embedder_api_key: Option<String>,
 
-    /// Vector length of the local model.
-    #[arg(long, env = "EMBEDDING_DIMENSIONS", default_value = "384",
+    /// Folder of the local model: a sentence-transformers BERT folder
+    /// (config.json, tokenizer.json, model.safetensors, 1_Pooling/).
+    /// [default: $MODELS_DIR/all-MiniLM-L6-v2, MODELS_DIR defaulting to
+    /// /var/tmp/streams-models, where `make models` puts it]
+    #[arg(long, env = "MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+
+    /// Threads the local model computes with [default: the available cores].
+    #[arg(long, env = "MODEL_THREADS",
           value_parser = clap::value_parser!(u32).range(1..))]
-    pub embedding_dimensions: u32,
+    pub model_threads: Option<u32>,
+
+    /// Vector length of the hashing embedder [default: 384]. The local
+    /// model's length is its own (384 for all-MiniLM-L6-v2).
+    #[arg(long, env = "EMBEDDING_DIMENSIONS",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub embedding_dimensions: Option<u32>,
 
     /// Batches embedded at once, off the processing thread (for the
     /// OpenAI-compatible embedder: concurrent requests). Records keep being
@@ -77,4 +113,19 @@ pub struct Settings {
 
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+}
+
+impl Settings {
+    /// `--model-dir`, or its default.
+    pub fn model_dir(&self) -> PathBuf {
+        self.model_dir.clone().unwrap_or_else(default_model_dir)
+    }
+
+    /// `--model-threads`, or the available cores.
+    pub fn model_threads(&self) -> usize {
+        self.model_threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |threads| threads as usize,
+        )
+    }
 }

@@ -1,80 +1,366 @@
-//! The default, in-process model: feature hashing.
+//! `--embedder local` (the default): a sentence-transformers BERT model,
+//! all-MiniLM-L6-v2 unless `--model-dir` points at another, run in-process
+//! on the CPU with candle.
 //!
-//! Lowercased word tokens and the character trigrams of each word (with `^`
-//! and `$` marking its ends, so short words and word boundaries count) are
-//! hashed into `dimensions` buckets with a sign bit (signed hashing keeps
-//! collisions from biasing every bucket upwards), then the vector is
-//! L2-normalised, so cosine similarity is a dot product. Texts sharing words
-//! and spellings come out close. It needs no network or model files and is
-//! deterministic across runs, machines and Rust versions (FNV-1a, not std's
-//! hasher), which makes the service's output reproducible.
+//! It computes what sentence-transformers computes for such a folder
+//! (`Transformer` → `Pooling` (mean) → `Normalize`):
+//!
+//! 1. The texts of a batch are tokenized with the folder's `tokenizer.json`,
+//!    truncated to `max_seq_length` tokens counting `[CLS]` and `[SEP]` (from
+//!    `sentence_bert_config.json`, 256 for all-MiniLM-L6-v2; the tokenizer
+//!    file's own truncation at 128 and fixed padding are replaced), and padded
+//!    to the longest text of the batch.
+//! 2. One forward pass of the BERT encoder over the whole batch, with the
+//!    attention mask, so padding changes no vector.
+//! 3. Mean pooling: the token vectors of the last layer averaged, weighted by
+//!    the attention mask (padding counts for nothing).
+//! 4. L2 normalisation, so cosine similarity is a dot product.
+//!
+//! The folder is checked when the model is loaded (the service refuses to
+//! start on a missing, corrupt or non-BERT folder), and one text is embedded
+//! then, so a bad folder cannot fail later on the processing thread.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use serde::Deserialize;
+use tokenizers::{
+    PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection,
+    TruncationParams, TruncationStrategy,
+};
 
 use super::Embedder;
 
-/// Feature-hashing embedder with `dimensions` buckets.
-#[derive(Debug, Clone)]
-pub struct HashingEmbedder {
+/// `max_seq_length` of a folder without `sentence_bert_config.json`.
+const DEFAULT_MAX_SEQ_LENGTH: usize = 256;
+
+/// The files of a model folder, as sentence-transformers lays them out.
+const CONFIG: &str = "config.json";
+const TOKENIZER: &str = "tokenizer.json";
+const WEIGHTS: &str = "model.safetensors";
+const POOLING: &str = "1_Pooling/config.json";
+const SENTENCE_BERT: &str = "sentence_bert_config.json";
+
+/// A BERT sentence-embedding model, loaded and checked.
+pub struct LocalModel {
+    dir: PathBuf,
+    model: BertModel,
+    tokenizer: Tokenizer,
+    device: Device,
     dimensions: usize,
+    max_seq_length: usize,
+    threads: usize,
 }
 
-/// Trigrams weigh less than whole words: they add spelling similarity
-/// without drowning out vocabulary.
-const TRIGRAM_WEIGHT: f32 = 0.5;
-
-impl HashingEmbedder {
-    /// A model producing vectors of length `dimensions` (at least 1).
-    pub fn new(dimensions: usize) -> Self {
-        HashingEmbedder {
-            dimensions: dimensions.max(1),
-        }
-    }
-
-    /// The embedding of one text; all zeros for a text without words.
-    pub fn embed_one(&self, text: &str) -> Vec<f32> {
-        let mut vector = vec![0.0f32; self.dimensions];
-        let lower = text.to_lowercase();
-        for word in lower
-            .split(|c: char| !c.is_alphanumeric())
-            .filter(|w| !w.is_empty())
-        {
-            self.add(&mut vector, b"w", word.as_bytes(), 1.0);
-            let marked: Vec<char> = std::iter::once('^')
-                .chain(word.chars())
-                .chain(std::iter::once('$'))
-                .collect();
-            for trigram in marked.windows(3) {
-                let trigram: String = trigram.iter().collect();
-                self.add(&mut vector, b"t", trigram.as_bytes(), TRIGRAM_WEIGHT);
-            }
-        }
-        let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
-        if norm > 0.0 {
-            vector.iter_mut().for_each(|x| *x /= norm);
-        }
-        vector
-    }
-
-    fn add(&self, vector: &mut [f32], kind: &[u8], feature: &[u8], weight: f32) {
-        // The kind keeps a one-letter word and a trigram from sharing a hash.
-        let hash = fnv1a(kind.iter().chain(&[0]).chain(feature));
-        let bucket = (hash % self.dimensions as u64) as usize;
-        let sign = if hash >> 63 == 0 { 1.0 } else { -1.0 };
-        vector[bucket] += sign * weight;
+impl std::fmt::Debug for LocalModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalModel")
+            .field("dir", &self.dir)
+            .field("dimensions", &self.dimensions)
+            .field("max_seq_length", &self.max_seq_length)
+            .field("threads", &self.threads)
+            .finish_non_exhaustive()
     }
 }
 
-/// 64-bit FNV-1a: a stable, fast hash (std's hasher may change between releases).
-fn fnv1a<'a>(bytes: impl IntoIterator<Item = &'a u8>) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes.into_iter().fold(OFFSET, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+/// The keys of `config.json` checked before candle reads the rest.
+#[derive(Deserialize)]
+struct ModelKind {
+    model_type: Option<String>,
+    #[serde(default)]
+    architectures: Vec<String>,
+}
+
+/// `1_Pooling/config.json` (sentence-transformers' `Pooling` module).
+#[derive(Deserialize)]
+struct PoolingConfig {
+    word_embedding_dimension: Option<usize>,
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_max_tokens: bool,
+    #[serde(default)]
+    pooling_mode_mean_sqrt_len_tokens: bool,
+    #[serde(default)]
+    pooling_mode_weightedmean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_lasttoken: bool,
+}
+
+/// `sentence_bert_config.json` (sentence-transformers' `Transformer` module).
+#[derive(Deserialize)]
+struct SentenceBertConfig {
+    max_seq_length: Option<usize>,
+}
+
+/// Reads and parses the JSON file `name` of `dir`.
+fn read_json<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> anyhow::Result<T> {
+    let path = dir.join(name);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not valid", path.display()))
+}
+
+/// Fixes the number of threads the model computes with, for the whole
+/// process; returns the number in force. Candle sizes its thread pools once
+/// per process (the rayon pool the matrix products run on, and the pool of
+/// element-wise operations), from `RAYON_NUM_THREADS` and
+/// `CANDLE_NUM_THREADS`, so these are set before the first computation; a
+/// second model in the same process shares the first one's threads.
+fn use_threads(threads: usize) -> usize {
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| {
+        let threads = threads.max(1).to_string();
+        // Set before candle reads them (its pools are built on first use).
+        std::env::set_var("RAYON_NUM_THREADS", &threads);
+        std::env::set_var("CANDLE_NUM_THREADS", &threads);
+        threads.parse().unwrap_or(1)
     })
 }
 
-impl Embedder for HashingEmbedder {
+impl LocalModel {
+    /// Loads the model folder `dir` (see the module docs), computing with
+    /// `threads` threads, and embeds one text to prove it works.
+    pub fn load(dir: &Path, threads: usize) -> anyhow::Result<Self> {
+        let started = Instant::now();
+        let model = Self::load_unchecked(dir, threads)
+            .with_context(|| format!("model folder {}", dir.display()))?;
+        let probe = model
+            .embed_texts(&["Is this model working?".to_string()])
+            .with_context(|| format!("model folder {}: a test embedding failed", dir.display()))?;
+        anyhow::ensure!(
+            probe.len() == 1
+                && probe[0].len() == model.dimensions
+                && probe[0].iter().all(|x| x.is_finite()),
+            "model folder {}: a test embedding is not {} finite numbers",
+            dir.display(),
+            model.dimensions
+        );
+        tracing::info!(
+            dir = %dir.display(),
+            dimensions = model.dimensions,
+            max_seq_length = model.max_seq_length,
+            threads = model.threads,
+            "local model loaded in {:.1?}",
+            started.elapsed()
+        );
+        Ok(model)
+    }
+
+    fn load_unchecked(dir: &Path, threads: usize) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            dir.is_dir(),
+            "no such folder: run `make models` (deploy/local/models.sh) to fetch \
+             all-MiniLM-L6-v2, or point --model-dir (MODEL_DIR) at a \
+             sentence-transformers BERT folder"
+        );
+        let kind: ModelKind = read_json(dir, CONFIG)?;
+        let is_bert = kind.model_type.as_deref() == Some("bert")
+            || (kind.model_type.is_none()
+                && kind.architectures.iter().any(|a| a.starts_with("Bert")));
+        anyhow::ensure!(
+            is_bert,
+            "{CONFIG}: not a BERT model (model_type {:?}, architectures {:?}); \
+             only BERT sentence-transformers models run locally",
+            kind.model_type.unwrap_or_default(),
+            kind.architectures
+        );
+        let config: Config = read_json(dir, CONFIG)?;
+        anyhow::ensure!(
+            config.num_attention_heads > 0
+                && config
+                    .hidden_size
+                    .is_multiple_of(config.num_attention_heads),
+            "{CONFIG}: hidden_size {} is not a multiple of num_attention_heads {}",
+            config.hidden_size,
+            config.num_attention_heads
+        );
+        let dimensions = config.hidden_size;
+
+        if dir.join(POOLING).exists() {
+            let pooling: PoolingConfig = read_json(dir, POOLING)?;
+            let mean_only = pooling.pooling_mode_mean_tokens
+                && !pooling.pooling_mode_cls_token
+                && !pooling.pooling_mode_max_tokens
+                && !pooling.pooling_mode_mean_sqrt_len_tokens
+                && !pooling.pooling_mode_weightedmean_tokens
+                && !pooling.pooling_mode_lasttoken;
+            anyhow::ensure!(mean_only, "{POOLING}: only mean pooling is supported");
+            if let Some(width) = pooling.word_embedding_dimension {
+                anyhow::ensure!(
+                    width == dimensions,
+                    "{POOLING}: word_embedding_dimension {width} is not the model's hidden_size {dimensions}"
+                );
+            }
+        }
+        let max_seq_length = if dir.join(SENTENCE_BERT).exists() {
+            let sbert: SentenceBertConfig = read_json(dir, SENTENCE_BERT)?;
+            sbert.max_seq_length.unwrap_or(DEFAULT_MAX_SEQ_LENGTH)
+        } else {
+            DEFAULT_MAX_SEQ_LENGTH
+        }
+        .min(config.max_position_embeddings);
+        anyhow::ensure!(
+            max_seq_length >= 2,
+            "max_seq_length {max_seq_length} is too short"
+        );
+
+        let tokenizer = Self::tokenizer(dir, max_seq_length, config.vocab_size)?;
+
+        let weights = dir.join(WEIGHTS);
+        let bytes = std::fs::read(&weights).with_context(|| format!("{}", weights.display()))?;
+        let device = Device::Cpu;
+        let threads = use_threads(threads);
+        let model = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
+            .and_then(|weights| BertModel::load(weights, &config))
+            .map_err(|error| anyhow::anyhow!("{WEIGHTS}: {error}"))?;
+        Ok(LocalModel {
+            dir: dir.to_path_buf(),
+            model,
+            tokenizer,
+            device,
+            dimensions,
+            max_seq_length,
+            threads,
+        })
+    }
+
+    /// The folder's tokenizer, truncating at `max_seq_length` tokens and
+    /// padding a batch to its longest text (what sentence-transformers asks
+    /// of it), whatever `tokenizer.json` says.
+    fn tokenizer(
+        dir: &Path,
+        max_seq_length: usize,
+        vocab_size: usize,
+    ) -> anyhow::Result<Tokenizer> {
+        let path = dir.join(TOKENIZER);
+        anyhow::ensure!(path.is_file(), "{}: no such file", path.display());
+        let mut tokenizer = Tokenizer::from_file(&path)
+            .map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?;
+        let tokens = tokenizer.get_vocab_size(true);
+        anyhow::ensure!(
+            tokens <= vocab_size,
+            "{TOKENIZER} has {tokens} tokens, more than the model's vocab_size {vocab_size}"
+        );
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                direction: TruncationDirection::Right,
+                max_length: max_seq_length,
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+            }))
+            .map_err(|error| anyhow::anyhow!("{TOKENIZER}: {error}"))?;
+        let padding = match tokenizer.get_padding() {
+            Some(padding) => PaddingParams {
+                strategy: PaddingStrategy::BatchLongest,
+                direction: PaddingDirection::Right,
+                pad_to_multiple_of: None,
+                ..padding.clone()
+            },
+            None => PaddingParams::default(),
+        };
+        tokenizer.with_padding(Some(padding));
+        Ok(tokenizer)
+    }
+
+    /// The folder the model was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The length of its vectors (the model's hidden size: 384).
+    pub fn dimensions(&self) -> usize {
+        self.dimensions
+    }
+
+    /// Tokens per text at most, `[CLS]` and `[SEP]` included; the rest of a
+    /// longer text is cut off.
+    pub fn max_seq_length(&self) -> usize {
+        self.max_seq_length
+    }
+
+    /// Threads it computes with.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The token ids the model sees of `text`: truncated, `[CLS]` and
+    /// `[SEP]` included.
+    pub fn token_ids(&self, text: &str) -> anyhow::Result<Vec<u32>> {
+        let encoding = self
+            .tokenizer
+            .encode(text, true)
+            .map_err(|error| anyhow::anyhow!("tokenizing: {error}"))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The unit vectors of `texts`, in order: one forward pass for all of them.
+    pub fn embed_texts(&self, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.device.with_context(|| self.forward(texts))
+    }
+
+    fn forward(&self, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let encodings = self
+            .tokenizer
+            .encode_batch(inputs, true)
+            .map_err(|error| anyhow::anyhow!("tokenizing: {error}"))?;
+        let length = encodings
+            .iter()
+            .map(|e| e.get_ids().len())
+            .max()
+            .unwrap_or(0);
+        let count = encodings.len();
+        let mut ids = Vec::with_capacity(count * length);
+        let mut type_ids = Vec::with_capacity(count * length);
+        let mut mask = Vec::with_capacity(count * length);
+        for encoding in &encodings {
+            anyhow::ensure!(
+                encoding.get_ids().len() == length,
+                "the tokenizer did not pad the batch"
+            );
+            ids.extend_from_slice(encoding.get_ids());
+            type_ids.extend_from_slice(encoding.get_type_ids());
+            mask.extend_from_slice(encoding.get_attention_mask());
+        }
+        let shape = (count, length);
+        let ids = Tensor::from_vec(ids, shape, &self.device)?;
+        let type_ids = Tensor::from_vec(type_ids, shape, &self.device)?;
+        let mask = Tensor::from_vec(mask, shape, &self.device)?;
+        // (count, length, dimensions): the last layer's token vectors.
+        let tokens = self.model.forward(&ids, &type_ids, Some(&mask))?;
+        Ok(mean_pool_and_normalize(&tokens, &mask)?.to_vec2::<f32>()?)
+    }
+}
+
+/// sentence-transformers' mean pooling then `Normalize`: the token vectors
+/// averaged with the attention mask as weights (a count of at least 1e-9),
+/// divided by their L2 norm (at least 1e-12).
+fn mean_pool_and_normalize(tokens: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    let weights = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+    let sums = tokens.broadcast_mul(&weights)?.sum(1)?;
+    let counts = weights.sum(1)?.clamp(1e-9f32, f32::MAX)?;
+    let means = sums.broadcast_div(&counts)?;
+    let norms = means
+        .sqr()?
+        .sum_keepdim(1)?
+        .sqrt()?
+        .clamp(1e-12f32, f32::MAX)?;
+    means.broadcast_div(&norms)
+}
+
+impl Embedder for LocalModel {
     fn embed(&self, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
-        Ok(texts.iter().map(|text| self.embed_one(text)).collect())
+        self.embed_texts(texts)
     }
 }
 
@@ -82,51 +368,50 @@ impl Embedder for HashingEmbedder {
 mod tests {
     use super::*;
 
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
-        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    #[test]
+    fn pooling_averages_unmasked_tokens_and_normalises() {
+        let device = Device::Cpu;
+        // Two texts of three tokens, two dimensions; the second has one
+        // padding token, whose vector must not count.
+        let tokens = Tensor::from_vec(
+            vec![
+                1.0f32, 0.0, 3.0, 0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 3.0, 100.0, 100.0,
+            ],
+            (2, 3, 2),
+            &device,
+        )
+        .unwrap();
+        let mask = Tensor::from_vec(vec![1u32, 1, 1, 1, 1, 0], (2, 3), &device).unwrap();
+        let pooled = mean_pool_and_normalize(&tokens, &mask)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(pooled, vec![vec![1.0, 0.0], vec![0.0, 1.0]]);
     }
 
     #[test]
-    fn vectors_have_the_dimensions_and_unit_length() {
-        let model = HashingEmbedder::new(384);
-        let v = model.embed_one("Resetting a password\n\nOpen settings, then security.");
-        assert_eq!(v.len(), 384);
-        assert!((dot(&v, &v) - 1.0).abs() < 1e-5);
+    fn a_missing_folder_is_one_clear_error() {
+        let error = LocalModel::load(Path::new("/nonexistent/model"), 1).unwrap_err();
+        let message = format!("{error:#}");
+        assert!(message.contains("/nonexistent/model"), "{message}");
+        assert!(message.contains("make models"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
     }
 
     #[test]
-    fn it_is_deterministic_and_case_insensitive() {
-        let model = HashingEmbedder::new(64);
-        assert_eq!(
-            model.embed_one("Exporting Invoices"),
-            model.embed_one("exporting invoices")
+    fn a_folder_of_another_architecture_is_refused() {
+        let dir = std::env::temp_dir().join(format!("embed-batcher-gpt2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join(CONFIG),
+            r#"{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}"#,
+        )
+        .unwrap();
+        let error = LocalModel::load(&dir, 1).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            format!("{error:#}").contains("not a BERT model"),
+            "{error:#}"
         );
-        assert_eq!(
-            model.embed(&["a b".into(), "c".into()]).unwrap(),
-            vec![model.embed_one("a b"), model.embed_one("c")]
-        );
-    }
-
-    #[test]
-    fn similar_texts_are_closer_than_unrelated_ones() {
-        let model = HashingEmbedder::new(384);
-        let reset = model.embed_one("How to reset your password");
-        let resetting = model.embed_one("Resetting a forgotten password");
-        let invoices = model.embed_one("Exporting invoices to CSV");
-        assert!(dot(&reset, &resetting) > dot(&reset, &invoices) + 0.1);
-    }
-
-    #[test]
-    fn a_text_without_words_is_the_zero_vector() {
-        let model = HashingEmbedder::new(8);
-        assert_eq!(model.embed_one(" \n\n -- "), vec![0.0; 8]);
-    }
-
-    #[test]
-    fn the_hash_is_fnv1a() {
-        // Reference values of the 64-bit FNV-1a test suite.
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
     }
 }
