@@ -508,6 +508,11 @@ impl SingleInputRun {
             "--application-id",
             &self.application_id,
         ]);
+        // embed-batcher's default embedder is the MiniLM model; tests of the
+        // batching rules use the hashing embedder unless they pick one.
+        if self.binary == "embed-batcher" && !extra.contains(&"--embedder") {
+            arguments.extend(args(&["--embedder", "hashing"]));
+        }
         arguments.extend(args(extra));
         arguments
     }
