@@ -46,6 +46,24 @@ impl Edit {
         }
     }
 
+    /// The edit of an `articles` line (the demo data's, say).
+    pub fn from_line(line: &Value) -> Edit {
+        let value = &line["value"];
+        let text = |field: &str| {
+            value[field]
+                .as_str()
+                .unwrap_or_else(|| panic!("{field} of {line}"))
+                .to_string()
+        };
+        Edit {
+            tenant: text("tenant_id"),
+            doc: text("doc_id"),
+            title: text("title"),
+            body: text("body"),
+            updated_at: value["updated_at"].as_i64().expect("updated_at"),
+        }
+    }
+
     /// The `articles` line, keyed by tenant.
     pub fn line(&self) -> Value {
         json!({"key": self.tenant, "value": {"tenant_id": self.tenant, "doc_id": self.doc,

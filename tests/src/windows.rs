@@ -20,6 +20,32 @@ pub struct Order {
 }
 
 impl Order {
+    /// An order of product `p`.
+    pub fn new(order_id: &str, customer_id: Option<&str>, price: f64, order_time: i64) -> Order {
+        Order {
+            order_id: order_id.to_string(),
+            customer_id: customer_id.map(str::to_string),
+            product_id: "p".to_string(),
+            price,
+            order_time,
+        }
+    }
+
+    /// The order of an `orders-marketplace` line (a fixture's, say).
+    pub fn from_line(line: &Value) -> Order {
+        let value = &line["value"];
+        Order {
+            order_id: value["order_id"].as_str().expect("order_id").to_string(),
+            customer_id: value["customer_id"].as_str().map(str::to_string),
+            product_id: value["product_id"]
+                .as_str()
+                .expect("product_id")
+                .to_string(),
+            price: value["price"].as_f64().expect("price"),
+            order_time: value["order_time"].as_i64().expect("order_time"),
+        }
+    }
+
     /// The `orders-marketplace` line, keyed by order id.
     pub fn line(&self) -> Value {
         json!({"key": self.order_id, "value": {"order_id": self.order_id,
@@ -48,18 +74,40 @@ struct Aggregate {
     max: f64,
 }
 
-/// The rows the rules expect for `orders` produced in this order: each
-/// partition's watermark is replayed to find late orders (an order goes into
-/// the windows whose end is after its partition's watermark before it), and
-/// a window is emitted when the least partition watermark reaches its end.
-/// Prices must add exactly in `f64` (e.g. multiples of 1/8).
+/// What the rules expect of some orders.
+#[derive(Debug, Default)]
+pub struct Expected {
+    /// The rows, in the order one final task emits them: by window end, then
+    /// by group (the null group first, then the groups' bytes).
+    pub rows: Vec<Value>,
+    /// Orders that fit no open window (`streams_records_late_total`).
+    pub late: usize,
+}
+
+/// The rows the rules expect for `orders` produced in this order (see
+/// [`expect`]).
 pub fn model(orders: &[Order], rules: WindowRules) -> Vec<Value> {
+    expect(orders, rules).rows
+}
+
+/// What the rules expect of `orders` produced in this order, each to the
+/// partition its order id hashes to: each partition's watermark is replayed
+/// to find late orders (an order goes into the windows whose end is after its
+/// partition's watermark before it; one that fits none is late), and a
+/// window is emitted when the least partition watermark reaches its end.
+/// Prices must add exactly in `f64` (e.g. multiples of 1/8).
+pub fn expect(orders: &[Order], rules: WindowRules) -> Expected {
+    let mut late = 0;
     let mut max_seen: Vec<Option<i64>> = vec![None; rules.partitions];
     let mut windows: BTreeMap<(i64, Option<String>), Aggregate> = BTreeMap::new();
     for order in orders {
         let partition = murmur2_partition(order.order_id.as_bytes(), rules.partitions);
         let watermark = max_seen[partition].map_or(i64::MIN, |m| m - rules.max_out_of_orderness);
         let last_start = order.order_time - order.order_time.rem_euclid(rules.advance);
+        if last_start + rules.size <= watermark {
+            late += 1;
+            continue;
+        }
         let mut start = last_start;
         while start > order.order_time - rules.size {
             if start + rules.size > watermark {
@@ -88,11 +136,12 @@ pub fn model(orders: &[Order], rules: WindowRules) -> Vec<Value> {
         .map(|m| m.map_or(i64::MIN, |m| m - rules.max_out_of_orderness))
         .min()
         .unwrap_or(i64::MIN);
-    windows
+    let rows = windows
         .into_iter()
         .filter(|((start, _), _)| start + rules.size <= closed_until)
         .map(|((start, group), w)| window_row(start, start + rules.size, group.as_deref(), &w))
-        .collect()
+        .collect();
+    Expected { rows, late }
 }
 
 fn window_row(start: i64, end: i64, group: Option<&str>, w: &Aggregate) -> Value {

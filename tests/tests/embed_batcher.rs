@@ -1,7 +1,10 @@
-//! embed-batcher end to end: random edits against a model of the rules in
-//! docs/services/embed-batcher.md, the batching rules on a hand-written
-//! scenario, state TTL, and the OpenAI-compatible embedder against a flaky
-//! in-test HTTP server.
+//! embed-batcher end to end, what needs Kafka: the worked example of
+//! docs/services/embed-batcher.md through the binary, and the
+//! OpenAI-compatible embedder against a flaky in-test HTTP server (retries,
+//! an outage longer than the transaction timeout or the poll interval, a
+//! stop during an outage). The batching rules, dedupe, lateness, the random
+//! model, state restored from the changelogs and the state TTL are tested on
+//! the test driver, in driver_embed_batcher.rs.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -9,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use e2e_tests::batches::{generate, model, per_tenant, row, without_embedding, Edit, Rules};
+use e2e_tests::batches::{per_tenant, row, without_embedding, Edit};
 use e2e_tests::*;
 use serde_json::Value;
 
@@ -27,33 +30,6 @@ fn produce_edits(topics: &SingleInputRun, edits: &[Edit]) {
     produce(&topics.input, "articles", &lines);
 }
 
-/// Waits until the service has consumed `count` input records and committed.
-fn wait_consumed(service: &Service, topics: &SingleInputRun, count: usize) {
-    let series = format!(
-        "streams_records_consumed_total{{topic=\"{}\"}}",
-        topics.input
-    );
-    assert!(
-        eventually(Duration::from_secs(60), || service.metric(&series)
-            == count as f64),
-        "{}",
-        service.log()
-    );
-}
-
-fn processor_counter(service: &Service, name: &str) -> f64 {
-    service.metric(&format!(
-        "streams_processor_events_total{{name=\"{name}\"}}"
-    ))
-}
-
-fn late_records(service: &Service, topics: &SingleInputRun) -> f64 {
-    service.metric(&format!(
-        "streams_records_late_total{{topic=\"{}\"}}",
-        topics.input
-    ))
-}
-
 /// Same rows, and each tenant's rows in the same order.
 fn assert_same_rows_per_tenant(actual: &[Value], expected: &[Value], log: &str) {
     assert_same_records(actual, expected, log);
@@ -69,184 +45,35 @@ fn assert_same_rows_per_tenant(actual: &[Value], expected: &[Value], log: &str) 
 
 const T: i64 = 1_783_345_153_000;
 
+/// The worked example (the `make demo` edits, `--batch-size 3`) through
+/// the binary: acme's full batch, globex's and initech's smaller ones, and
+/// acme's stale edit counted as late.
 #[test]
-fn random_edits_of_many_tenants_over_four_partitions_match_a_model_of_the_rules() {
-    let partitions = 4;
-    let rules = Rules {
-        batch_size: 5,
-        max_wait: 30_000,
-        max_out_of_orderness: 5_000,
-    };
-    // Disorder a little beyond the watermark bound, so that some edits are late.
-    let edits = generate(12, partitions, T, 5_500);
-    let expected = model(&edits, partitions, &rules);
-    assert!(expected.batches > 20 && expected.late > 0, "{expected:?}");
-    let topics = topics(partitions);
-    let service = topics.start(&["--batch-size", "5", "--embedding-dimensions", "16"]);
-    produce_edits(&topics, &edits);
-    let output = wait_for_records(
-        &topics.output,
-        expected.rows.len(),
-        Duration::from_secs(180),
-    );
-    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 16)).collect();
-    assert_same_rows_per_tenant(&rows, &expected.rows, &service.log());
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            late_records(&service, &topics) == expected.late as f64
-                && processor_counter(&service, "batches_sent") == expected.batches as f64
-        }),
-        "expected {} late, {} batches\n{}",
-        expected.late,
-        expected.batches,
-        service.metrics()
-    );
-}
-
-#[test]
-fn batches_follow_the_documented_rules() {
+fn the_worked_example_gives_the_documented_batches() {
     let topics = topics(1);
-    let service = topics.start(&["--batch-size", "3"]);
-    let acme_d1_old = Edit::new("acme", "d1", T);
-    let acme_d2 = Edit::new("acme", "d2", T + 1_000);
-    let acme_d1 = Edit::new("acme", "d1", T + 2_000);
-    let acme_d2_older = Edit::new("acme", "d2", T + 500);
-    let acme_d3 = Edit::new("acme", "d3", T + 3_000);
-    let globex_g1 = Edit::new("globex", "g1", T + 4_000);
-    produce_edits(
-        &topics,
-        &[
-            acme_d1_old,
-            acme_d2.clone(),
-            acme_d1.clone(), // replaces the pending d1
-            acme_d2_older,   // older than the pending d2: ignored
-            acme_d3.clone(), // the third pending edit: a batch is full at T + 3 s
-            globex_g1.clone(),
-            Edit::new("clock", "tick", T + 7_999), // watermark T + 2.999 s
-        ],
-    );
-    wait_consumed(&service, &topics, 7);
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(
-        consume_all(&topics.output).is_empty(),
-        "the watermark is 1 ms short of acme's full batch\n{}",
-        service.log()
-    );
-
-    produce_edits(
-        &topics,
-        &[
-            Edit::new("clock", "tick", T + 8_000), // watermark T + 3 s: acme's batch goes
-            Edit::new("acme", "d4", T + 3_000),    // at the watermark: late
-            Edit::new("clock", "tock", T + 39_000), // watermark T + 34 s: globex waited 30 s
-        ],
-    );
-    let output = wait_for_records(&topics.output, 4, Duration::from_secs(60));
-    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 384)).collect();
-    assert_same_rows_per_tenant(
-        &rows,
-        &[
-            row(&acme_d2, T + 3_000),
-            row(&acme_d1, T + 3_000),
-            row(&acme_d3, T + 3_000),
-            row(&globex_g1, T + 34_000),
-        ],
-        &service.log(),
-    );
-    let counters = [
-        ("batches_sent", 2.0),
-        ("edits_replaced", 2.0), // acme d1, clock tick
-        ("edits_superseded", 1.0),
+    let service = topics.start(&["--batch-size", "3", "--embedder", "hashing"]);
+    let text = std::fs::read_to_string(workspace().join("deploy/local/demo-data/articles.jsonl"))
+        .expect("demo data");
+    let input = parse_jsonl(&text);
+    produce(&topics.input, "articles", &input);
+    let edits: Vec<Edit> = input.iter().map(Edit::from_line).collect();
+    let t = 1_783_332_000_000;
+    let expected = [
+        row(&edits[1], t + 4_000),
+        row(&edits[3], t + 4_000),
+        row(&edits[4], t + 4_000),
+        row(&edits[2], t + 31_000),
+        row(&edits[5], t + 31_000),
+        row(&edits[6], t + 39_000),
     ];
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(60));
+    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 384)).collect();
+    assert_same_rows_per_tenant(&rows, &expected, &service.log());
+    let late = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);
     assert!(
-        eventually(Duration::from_secs(30), || {
-            late_records(&service, &topics) == 1.0
-                && counters
-                    .iter()
-                    .all(|(name, value)| processor_counter(&service, name) == *value)
-        }),
+        eventually(Duration::from_secs(30), || service.metric(&late) == 1.0),
         "{}",
         service.metrics()
-    );
-}
-
-#[test]
-fn pending_edits_not_written_for_the_state_ttl_are_dropped_and_counted() {
-    let topics = topics(1);
-    let service = topics.start(&["--state-ttl", "2s"]);
-    produce_edits(
-        &topics,
-        &[Edit::new("acme", "d1", T), Edit::new("globex", "g1", T)],
-    );
-    wait_consumed(&service, &topics, 2);
-    std::thread::sleep(Duration::from_secs(3));
-    let globex_g2 = Edit::new("globex", "g2", T + 1_000);
-    let acme_d2 = Edit::new("acme", "d2", T + 40_000);
-    produce_edits(
-        &topics,
-        &[
-            // globex is touched: its expired g1 goes before g2 is buffered.
-            globex_g2.clone(),
-            // Watermark T + 35 s: both timers (T + 30 s) fire; acme's d1 has
-            // expired, globex's g2 is fresh and has waited 30 s.
-            acme_d2.clone(),
-            // Watermark T + 75 s: acme's d2 has waited 30 s.
-            Edit::new("clock", "tick", T + 80_000),
-        ],
-    );
-    let output = wait_for_records(&topics.output, 2, Duration::from_secs(60));
-    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 384)).collect();
-    assert_same_rows_per_tenant(
-        &rows,
-        &[row(&globex_g2, T + 30_000), row(&acme_d2, T + 70_000)],
-        &service.log(),
-    );
-    assert!(
-        eventually(Duration::from_secs(30), || processor_counter(
-            &service,
-            "pending_edits_expired"
-        ) == 2.0),
-        "{}",
-        service.metrics()
-    );
-}
-
-/// Watermark and state survive a restart (a watermark kept only in memory
-/// would let stale edits in): after a restart on an empty state directory, the
-/// pending edits, the timer and the watermark come back from the changelogs,
-/// so a stale edit is still late and the waiting batch still goes.
-#[test]
-fn pending_edits_timers_and_the_watermark_survive_a_restart_without_local_state() {
-    let topics = topics(1);
-    let arguments = topics.args(&[]);
-    let first = Service::start("embed-batcher", &arguments);
-    let acme_d1 = Edit::new("acme", "d1", T);
-    produce_edits(
-        &topics,
-        &[acme_d1.clone(), Edit::new("clock", "tick", T + 20_000)],
-    );
-    wait_consumed(&first, &topics, 2);
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(first.stop().success());
-
-    produce_edits(
-        &topics,
-        &[
-            // At or before the stored watermark (T + 15 s): late, not buffered.
-            Edit::new("acme", "d1", T + 10_000),
-            // Watermark T + 35 s: acme's timer (T + 30 s) sends the old d1.
-            Edit::new("clock", "tock", T + 40_000),
-        ],
-    );
-    let second = Service::start("embed-batcher", &arguments);
-    let output = wait_for_records(&topics.output, 1, Duration::from_secs(60));
-    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 384)).collect();
-    assert_same_rows_per_tenant(&rows, &[row(&acme_d1, T + 30_000)], &second.log());
-    assert!(
-        eventually(Duration::from_secs(30), || late_records(&second, &topics)
-            == 1.0),
-        "{}",
-        second.metrics()
     );
 }
 
