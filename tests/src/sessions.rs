@@ -48,7 +48,16 @@ pub fn model_sessions(user: &str, events: &[(i64, &str)], timeout: i64) -> Vec<V
 /// far-future event per user that ends whatever is still open. Returns the
 /// input lines and the expected output (30 s timeout).
 pub fn generate(users: usize, max_events: usize, base: i64) -> (Vec<Value>, Vec<Value>) {
-    let mut rng = rand::rng();
+    generate_with(&mut rand::rng(), users, max_events, base)
+}
+
+/// [`generate`] drawing from `rng` (a seeded one makes a failure repeatable).
+pub fn generate_with(
+    rng: &mut impl Rng,
+    users: usize,
+    max_events: usize,
+    base: i64,
+) -> (Vec<Value>, Vec<Value>) {
     let kinds = ["LOGIN", "VIEW", "SEARCH", "CART", "LOGOUT"];
     let mut all: Vec<(i64, String, &str)> = Vec::new();
     let mut per_user: HashMap<String, Vec<(i64, &str)>> = HashMap::new();
