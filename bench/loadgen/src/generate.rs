@@ -1,0 +1,542 @@
+//! Deterministic input for each use case, with realistic key spaces.
+//!
+//! Two clocks: [`Clock::Simulated`] (fill mode) gives event times from a
+//! fixed epoch (2026-08-01 09:00 UTC) moving forward a little per record, so
+//! a run is the same every time; [`Clock::Wall`] (rate mode) stamps every
+//! record with the wall-clock time at which it is produced, which is what the
+//! latency measurement relies on. In both, each input topic is in event-time
+//! order: nothing is late.
+
+use std::collections::{HashSet, VecDeque};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::records::{
+    Generated, HumidityReading, MarketplaceOrder, Order, Record, Shipment, TemperatureReading,
+    UserEvent,
+};
+use crate::UseCase;
+
+/// 2026-08-01 09:00:00 UTC in epoch milliseconds (a multiple of 5 minutes).
+pub const BASE_MS: i64 = 1_785_574_800_000;
+
+/// Where event times come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Clock {
+    /// Fill mode: the generator's own clock, from [`BASE_MS`].
+    Simulated,
+    /// Rate mode: this wall-clock time (epoch ms) is the event time.
+    Wall(i64),
+}
+
+/// A source of input records.
+pub trait Generator {
+    /// The next record, `None` when the requested number is reached.
+    fn next(&mut self, clock: Clock) -> Option<Generated>;
+}
+
+/// Settings of a generator.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// Records per input topic (fill mode); rate mode ignores it.
+    pub records: u64,
+    pub seed: u64,
+    /// Rate mode: shape the data for a live stream (see each generator).
+    pub live: bool,
+}
+
+/// The generator of a use case.
+pub fn generator(use_case: UseCase, spec: Spec) -> Box<dyn Generator> {
+    match use_case {
+        UseCase::Sessionizer => Box::new(Sessions::new(spec)),
+        UseCase::OrderShipmentJoiner if spec.live => Box::new(LiveOrders::new(spec)),
+        UseCase::OrderShipmentJoiner => Box::new(OrdersAndShipments::new(spec)),
+        UseCase::SensorFusion => Box::new(Readings::new(spec)),
+        UseCase::WindowAggregator => Box::new(Marketplace::new(spec)),
+    }
+}
+
+/// A normally distributed number (Box-Muller).
+fn normal(rng: &mut StdRng, mean: f64, deviation: f64) -> f64 {
+    let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+    let u2: f64 = rng.random::<f64>();
+    mean + deviation * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+fn round_to(value: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (value * scale).round() / scale
+}
+
+// ---------------------------------------------------------------- sessionizer
+
+/// User sessions: a pool of concurrently active users (5 000 at full size),
+/// picked at random from a key space of `records / 10` users (at least
+/// 1 000). A session is a `LOGIN`, then `VIEW`s, `SEARCH`es and `CART`s, 2 to
+/// 20 events in all; three in four end with a `LOGOUT`, the others are
+/// abandoned and time out. Event times advance 0-4 ms per event (2 ms on
+/// average), so an active user is heard from every ~10 s of event time and
+/// an abandoned session times out 30 s after its last event.
+pub struct Sessions {
+    rng: StdRng,
+    left: u64,
+    users: u32,
+    target_active: usize,
+    active: Vec<ActiveSession>,
+    active_users: HashSet<u32>,
+    time: i64,
+}
+
+struct ActiveSession {
+    user: u32,
+    left: u32,
+    logout: bool,
+}
+
+impl Sessions {
+    pub fn new(spec: Spec) -> Self {
+        let users = if spec.live {
+            100_000
+        } else {
+            (spec.records / 10).clamp(1_000, u32::MAX as u64) as u32
+        };
+        Sessions {
+            rng: StdRng::seed_from_u64(spec.seed),
+            left: if spec.live { u64::MAX } else { spec.records },
+            users,
+            target_active: (users as usize / 4).min(5_000),
+            active: Vec::new(),
+            active_users: HashSet::new(),
+            time: BASE_MS,
+        }
+    }
+}
+
+impl Generator for Sessions {
+    fn next(&mut self, clock: Clock) -> Option<Generated> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let time = match clock {
+            Clock::Simulated => {
+                self.time += self.rng.random_range(0..=4);
+                self.time
+            }
+            Clock::Wall(now) => now,
+        };
+        let (user, event_type) = if self.active.len() < self.target_active {
+            let user = loop {
+                let candidate = self.rng.random_range(0..self.users);
+                if !self.active_users.contains(&candidate) {
+                    break candidate;
+                }
+            };
+            let length = self.rng.random_range(2..=20);
+            let logout = self.rng.random_bool(0.75);
+            self.active.push(ActiveSession {
+                user,
+                left: length - 1,
+                logout,
+            });
+            self.active_users.insert(user);
+            (user, "LOGIN")
+        } else {
+            let index = self.rng.random_range(0..self.active.len());
+            let session = &mut self.active[index];
+            let user = session.user;
+            let event_type = if session.left == 1 && session.logout {
+                "LOGOUT"
+            } else {
+                match self.rng.random_range(0..100) {
+                    0..60 => "VIEW",
+                    60..85 => "SEARCH",
+                    _ => "CART",
+                }
+            };
+            session.left -= 1;
+            if session.left == 0 {
+                self.active.swap_remove(index);
+                self.active_users.remove(&user);
+            }
+            (user, event_type)
+        };
+        let user_id = format!("user-{user}");
+        Some(Generated {
+            input: 0,
+            key: user_id.clone(),
+            record: Record::UserEvent(UserEvent {
+                user_id,
+                event_type: event_type.to_string(),
+                event_time: time,
+            }),
+        })
+    }
+}
+
+// ------------------------------------------------------ order-shipment-joiner
+
+const WAREHOUSES: &[&str] = &[
+    "Boston",
+    "Bar Harbor",
+    "Jackson Hole",
+    "Denver",
+    "Reno",
+    "Memphis",
+    "Columbus",
+    "Sacramento",
+    "Allentown",
+    "Tacoma",
+    "Savannah",
+    "El Paso",
+];
+
+fn order(rng: &mut StdRng, id: i32, seconds: i64) -> Order {
+    Order {
+        id,
+        total_amount: rng.random_range(500..50_000) as f64 / 100.0,
+        customer_name: format!("customer-{}", rng.random_range(0..50_000)),
+        order_ts_raw: seconds,
+    }
+}
+
+fn shipment(rng: &mut StdRng, order_id: i32, seconds: i64) -> Shipment {
+    Shipment {
+        id: format!("ship-{order_id}"),
+        order_id,
+        warehouse: WAREHOUSES[rng.random_range(0..WAREHOUSES.len())].to_string(),
+        ship_ts_raw: seconds,
+    }
+}
+
+/// Orders and shipments, fill mode: one order per second of event time (ids
+/// 0, 1, ...; 50 000 customers), and one shipment per order, keyed by its own
+/// id and written in ship-time order. 97 % ship between 10 minutes and 6 days
+/// after the order (and join); 3 % after more than 7 days (no row).
+pub struct OrdersAndShipments {
+    orders: std::vec::IntoIter<Order>,
+    shipments: std::vec::IntoIter<Shipment>,
+}
+
+impl OrdersAndShipments {
+    pub fn new(spec: Spec) -> Self {
+        let mut rng = StdRng::seed_from_u64(spec.seed);
+        let base = BASE_MS / 1000;
+        let count = spec.records.min(i32::MAX as u64) as i32;
+        let orders: Vec<Order> = (0..count)
+            .map(|id| order(&mut rng, id, base + id as i64))
+            .collect();
+        let mut shipments: Vec<Shipment> = orders
+            .iter()
+            .map(|order| {
+                let delay = if rng.random_bool(0.03) {
+                    rng.random_range(7 * 86_400 + 1..=9 * 86_400)
+                } else {
+                    rng.random_range(600..=6 * 86_400)
+                };
+                shipment(&mut rng, order.id, order.order_ts_raw + delay)
+            })
+            .collect();
+        shipments.sort_by_key(|s| (s.ship_ts_raw, s.order_id));
+        OrdersAndShipments {
+            orders: orders.into_iter(),
+            shipments: shipments.into_iter(),
+        }
+    }
+}
+
+impl Generator for OrdersAndShipments {
+    fn next(&mut self, _clock: Clock) -> Option<Generated> {
+        if let Some(order) = self.orders.next() {
+            return Some(Generated {
+                input: 0,
+                key: order.id.to_string(),
+                record: Record::Order(order),
+            });
+        }
+        self.shipments.next().map(|shipment| Generated {
+            input: 1,
+            key: shipment.id.clone(),
+            record: Record::Shipment(shipment),
+        })
+    }
+}
+
+/// Orders and shipments, rate mode: each order's shipment follows it 0.5 to
+/// 1.5 s later; both carry the wall-clock second they are produced in, so
+/// every shipment joins its order. Half the records are orders, half shipments.
+pub struct LiveOrders {
+    rng: StdRng,
+    next_id: i32,
+    pending: VecDeque<(i64, i32)>,
+}
+
+impl LiveOrders {
+    pub fn new(spec: Spec) -> Self {
+        LiveOrders {
+            rng: StdRng::seed_from_u64(spec.seed),
+            next_id: 0,
+            pending: VecDeque::new(),
+        }
+    }
+}
+
+impl Generator for LiveOrders {
+    fn next(&mut self, clock: Clock) -> Option<Generated> {
+        let now = match clock {
+            Clock::Wall(now) => now,
+            Clock::Simulated => BASE_MS + self.next_id as i64 * 1000,
+        };
+        if let Some(&(due, order_id)) = self.pending.front() {
+            if due <= now {
+                self.pending.pop_front();
+                let shipment = shipment(&mut self.rng, order_id, now.div_euclid(1000));
+                return Some(Generated {
+                    input: 1,
+                    key: shipment.id.clone(),
+                    record: Record::Shipment(shipment),
+                });
+            }
+        }
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let order = order(&mut self.rng, id, now.div_euclid(1000));
+        self.pending
+            .push_back((now + self.rng.random_range(500..1_500), id));
+        Some(Generated {
+            input: 0,
+            key: id.to_string(),
+            record: Record::Order(order),
+        })
+    }
+}
+
+// ------------------------------------------------------------- sensor-fusion
+
+/// Readings: `records / 1000` machines (10 to 1 000), each reporting a
+/// temperature every 15 s and a humidity 2 s after it; per machine a base
+/// temperature (60-90) and humidity (60-95) plus noise, 1 % of values null.
+/// Fill mode writes all temperatures, then all humidities; rate mode
+/// alternates them.
+pub struct Readings {
+    rng: StdRng,
+    machines: u64,
+    records: u64,
+    index: u64,
+    live: bool,
+    base_temperature: Vec<f64>,
+    base_humidity: Vec<f64>,
+}
+
+impl Readings {
+    pub fn new(spec: Spec) -> Self {
+        let mut rng = StdRng::seed_from_u64(spec.seed);
+        let machines = if spec.live {
+            1_000
+        } else {
+            (spec.records / 1_000).clamp(10, 1_000)
+        };
+        let base_temperature = (0..machines)
+            .map(|_| rng.random_range(60.0..90.0))
+            .collect();
+        let base_humidity = (0..machines)
+            .map(|_| rng.random_range(60.0..95.0))
+            .collect();
+        Readings {
+            rng,
+            machines,
+            records: spec.records,
+            index: 0,
+            live: spec.live,
+            base_temperature,
+            base_humidity,
+        }
+    }
+}
+
+impl Generator for Readings {
+    fn next(&mut self, clock: Clock) -> Option<Generated> {
+        let (humidity, ordinal) = if self.live {
+            (self.index % 2 == 1, self.index / 2)
+        } else if self.index < self.records {
+            (false, self.index)
+        } else if self.index < 2 * self.records {
+            (true, self.index - self.records)
+        } else {
+            return None;
+        };
+        self.index += 1;
+        let machine = ordinal % self.machines;
+        let round = (ordinal / self.machines) as i64;
+        let step = 12_000 / self.machines as i64;
+        let time = match clock {
+            Clock::Simulated => {
+                BASE_MS + round * 15_000 + machine as i64 * step + if humidity { 2_000 } else { 0 }
+            }
+            Clock::Wall(now) => now,
+        };
+        let id = format!("M{machine}");
+        let missing = self.rng.random_bool(0.01);
+        let record = if humidity {
+            let value = normal(&mut self.rng, self.base_humidity[machine as usize], 4.0);
+            Record::Humidity(HumidityReading {
+                sensor_id: id.clone(),
+                humidity: (!missing).then(|| round_to(value, 1)),
+                event_time: time,
+            })
+        } else {
+            let value = normal(&mut self.rng, self.base_temperature[machine as usize], 3.0);
+            Record::Temperature(TemperatureReading {
+                machine_id: id.clone(),
+                temperature: (!missing).then(|| round_to(value, 1)),
+                event_time: time,
+            })
+        };
+        Some(Generated {
+            input: usize::from(humidity),
+            key: id,
+            record,
+        })
+    }
+}
+
+// --------------------------------------------------------- window-aggregator
+
+/// Marketplace orders: 500 per second of event time on average (0-4 ms
+/// apart), keyed by order id; 200 000 customers (10 % of orders without
+/// one), 20 000 products, log-normal prices (median ~20, rounded to cents).
+pub struct Marketplace {
+    rng: StdRng,
+    left: u64,
+    index: u64,
+    time: i64,
+}
+
+impl Marketplace {
+    pub fn new(spec: Spec) -> Self {
+        Marketplace {
+            rng: StdRng::seed_from_u64(spec.seed),
+            left: if spec.live { u64::MAX } else { spec.records },
+            index: 0,
+            time: BASE_MS,
+        }
+    }
+}
+
+impl Generator for Marketplace {
+    fn next(&mut self, clock: Clock) -> Option<Generated> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let time = match clock {
+            Clock::Simulated => {
+                self.time += self.rng.random_range(0..=4);
+                self.time
+            }
+            Clock::Wall(now) => now,
+        };
+        let order_id = format!("o{}", self.index);
+        self.index += 1;
+        let customer_id =
+            (!self.rng.random_bool(0.1)).then(|| format!("c{}", self.rng.random_range(0..200_000)));
+        let price = round_to(normal(&mut self.rng, 3.0, 1.0).exp().max(0.5), 2);
+        Some(Generated {
+            input: 0,
+            key: order_id.clone(),
+            record: Record::Marketplace(MarketplaceOrder {
+                order_id,
+                customer_id,
+                product_id: format!("p{}", self.rng.random_range(0..20_000)),
+                price,
+                order_time: time,
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    fn all(use_case: UseCase, records: u64) -> Vec<Generated> {
+        let mut generator = generator(
+            use_case,
+            Spec {
+                records,
+                seed: 7,
+                live: false,
+            },
+        );
+        std::iter::from_fn(|| generator.next(Clock::Simulated)).collect()
+    }
+
+    fn event_time(record: &Record) -> i64 {
+        match record {
+            Record::UserEvent(r) => r.event_time,
+            Record::Temperature(r) => r.event_time,
+            Record::Humidity(r) => r.event_time,
+            Record::Order(r) => r.order_ts_raw * 1000,
+            Record::Shipment(r) => r.ship_ts_raw * 1000,
+            Record::Marketplace(r) => r.order_time,
+        }
+    }
+
+    #[test]
+    fn every_input_is_in_event_time_order_and_deterministic() {
+        for use_case in UseCase::value_variants() {
+            let records = all(*use_case, 5_000);
+            assert_eq!(records, all(*use_case, 5_000));
+            let inputs = use_case.input_schemas().len();
+            assert_eq!(records.len() as u64, 5_000 * inputs as u64);
+            for input in 0..inputs {
+                let times: Vec<i64> = records
+                    .iter()
+                    .filter(|g| g.input == input)
+                    .map(|g| event_time(&g.record))
+                    .collect();
+                assert!(times.windows(2).all(|w| w[0] <= w[1]), "{use_case:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn sessions_mostly_end_with_a_logout() {
+        let records = all(UseCase::Sessionizer, 20_000);
+        let count = |kind: &str| {
+            records
+                .iter()
+                .filter(|g| matches!(&g.record, Record::UserEvent(e) if e.event_type == kind))
+                .count()
+        };
+        assert!(count("LOGOUT") * 2 > count("LOGIN"));
+        assert!(count("LOGOUT") < count("LOGIN"));
+    }
+
+    #[test]
+    fn live_shipments_follow_their_orders() {
+        let mut generator = generator(
+            UseCase::OrderShipmentJoiner,
+            Spec {
+                records: 0,
+                seed: 1,
+                live: true,
+            },
+        );
+        let mut orders = 0;
+        let mut shipments = 0;
+        for ms in 0..20_000 {
+            match generator.next(Clock::Wall(BASE_MS + ms)).unwrap().record {
+                Record::Order(_) => orders += 1,
+                Record::Shipment(s) => {
+                    assert!(s.order_id < orders);
+                    shipments += 1;
+                }
+                _ => unreachable!(),
+            }
+        }
+        assert!(shipments > 9_000 && orders > 9_000);
+    }
+}

@@ -1,0 +1,820 @@
+//! `loadgen`: the benchmark's load generator and outside-the-process meters.
+//!
+//! * `fill`: writes N generated records per input topic at full speed;
+//! * `rate`: writes records at a fixed rate, each stamped with the wall-clock
+//!   time it is produced (event time and Kafka timestamp), for latency runs;
+//! * `watch`: follows a running system from outside until all its input is
+//!   processed and its output is final; reports wall time, CPU time and peak
+//!   RSS (from `/proc`);
+//! * `wait-ready`: waits until consumer groups are stable (joined);
+//! * `latency`: reads an output topic as it is written and reports the
+//!   end-to-end latency of its records;
+//! * `topics`: creates topics (one partition, no retention limit).
+//!
+//! Every command prints one JSON object on standard output.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
+use bench_loadgen::generate::{generator, Clock, Spec};
+use bench_loadgen::kafka::{create_topics, now_ms, partitions, runtime, Cluster, Encoders};
+use bench_loadgen::{procfs, UseCase};
+use clap::{Parser, Subcommand, ValueEnum};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use serde_json::json;
+use streams_runtime::avro::{split_wire_format, Registry};
+
+#[derive(Parser)]
+#[command(name = "loadgen", about = "Benchmark load generator and meters")]
+struct Cli {
+    #[command(flatten)]
+    cluster: Cluster,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fill the input topics with N records each, as fast as possible.
+    Fill {
+        #[arg(long, value_enum)]
+        use_case: UseCase,
+        /// The input topics, in the use case's order (orders,shipments;
+        /// temperatures,humidities).
+        #[arg(long, value_delimiter = ',', required = true)]
+        topics: Vec<String>,
+        /// Records per input topic.
+        #[arg(long)]
+        records: u64,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+    },
+    /// Produce at a fixed rate for a while, event time = wall-clock time.
+    Rate {
+        #[arg(long, value_enum)]
+        use_case: UseCase,
+        #[arg(long, value_delimiter = ',', required = true)]
+        topics: Vec<String>,
+        /// Records per second, all inputs together.
+        #[arg(long)]
+        rate: f64,
+        /// How long to produce, in seconds.
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+    },
+    /// Follow a system until its input is processed and its output final.
+    Watch(WatchArgs),
+    /// Wait until every group is stable with at least one member.
+    WaitReady {
+        #[arg(long = "group", required = true)]
+        groups: Vec<String>,
+        /// Fail if this process exits meanwhile.
+        #[arg(long)]
+        pid: Option<u32>,
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
+    /// Measure end-to-end latency on output topics.
+    Latency(LatencyArgs),
+    /// Create topics with one partition and no retention limit.
+    Topics {
+        #[arg(long, value_delimiter = ',', required = true)]
+        create: Vec<String>,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Fill {
+            use_case,
+            topics,
+            records,
+            seed,
+        } => fill(&cli.cluster, use_case, &topics, records, seed),
+        Command::Rate {
+            use_case,
+            topics,
+            rate,
+            seconds,
+            seed,
+        } => produce_at_rate(&cli.cluster, use_case, &topics, rate, seconds, seed),
+        Command::Watch(args) => watch(&cli.cluster, args),
+        Command::WaitReady {
+            groups,
+            pid,
+            timeout_secs,
+        } => wait_ready(&cli.cluster, &groups, pid, timeout_secs),
+        Command::Latency(args) => latency(&cli.cluster, args),
+        Command::Topics { create } => {
+            runtime().and_then(|rt| create_topics(&cli.cluster, &rt, &create, 1))
+        }
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("loadgen: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+// ------------------------------------------------------------------ producing
+
+/// Counts delivery failures.
+#[derive(Default)]
+struct Reports {
+    failed: std::sync::atomic::AtomicU64,
+    first: std::sync::Mutex<Option<String>>,
+}
+
+impl ClientContext for Reports {}
+
+impl ProducerContext for Reports {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((error, _)) = result {
+            self.failed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.first
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| error.to_string());
+        }
+    }
+}
+
+/// An idempotent producer with the runtime's settings (murmur2 partitioning,
+/// lz4) and the given batching.
+fn producer(cluster: &Cluster, linger_ms: u32) -> anyhow::Result<BaseProducer<Reports>> {
+    let mut config = cluster.client_config();
+    config
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .set("compression.type", "lz4")
+        .set("linger.ms", linger_ms.to_string())
+        .set("batch.size", "1000000")
+        .set("queue.buffering.max.messages", "1000000");
+    Ok(config.create_with_context(Reports::default())?)
+}
+
+fn send(
+    producer: &BaseProducer<Reports>,
+    topic: &str,
+    key: &[u8],
+    payload: &[u8],
+    timestamp: Option<i64>,
+) -> anyhow::Result<()> {
+    let mut record: BaseRecord<'_, [u8], [u8], ()> =
+        BaseRecord::to(topic).key(key).payload(payload);
+    if let Some(timestamp) = timestamp {
+        record = record.timestamp(timestamp);
+    }
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                record = returned;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((error, _)) => anyhow::bail!("producing to {topic}: {error}"),
+        }
+    }
+}
+
+fn finish(producer: &BaseProducer<Reports>) -> anyhow::Result<()> {
+    producer.flush(Duration::from_secs(120))?;
+    let failed = producer
+        .context()
+        .failed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} records were not delivered: {}",
+        producer
+            .context()
+            .first
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or_default()
+    );
+    Ok(())
+}
+
+fn fill(
+    cluster: &Cluster,
+    use_case: UseCase,
+    topics: &[String],
+    records: u64,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    create_topics(cluster, &rt, topics, 1)?;
+    let registry = cluster.registry(&rt)?;
+    let encoders = Encoders::register(&registry, topics, use_case.input_schemas())?;
+    let producer = producer(cluster, 20)?;
+    let mut generator = generator(
+        use_case,
+        Spec {
+            records,
+            seed,
+            live: false,
+        },
+    );
+    let started = Instant::now();
+    let mut payload = Vec::with_capacity(256);
+    let mut counts = vec![0u64; topics.len()];
+    while let Some(record) = generator.next(Clock::Simulated) {
+        encoders.encode(record.input, &record.record, &mut payload)?;
+        send(
+            &producer,
+            &topics[record.input],
+            record.key.as_bytes(),
+            &payload,
+            None,
+        )?;
+        counts[record.input] += 1;
+        if counts[record.input].is_multiple_of(4096) {
+            producer.poll(Duration::ZERO);
+        }
+    }
+    finish(&producer)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let total: u64 = counts.iter().sum();
+    println!(
+        "{}",
+        json!({"records": total, "per_topic": counts, "seconds": seconds,
+               "records_per_s": total as f64 / seconds})
+    );
+    Ok(())
+}
+
+fn produce_at_rate(
+    cluster: &Cluster,
+    use_case: UseCase,
+    topics: &[String],
+    rate: f64,
+    seconds: f64,
+    seed: u64,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(rate > 0.0 && seconds > 0.0, "rate and seconds must be > 0");
+    let rt = runtime()?;
+    create_topics(cluster, &rt, topics, 1)?;
+    let registry = cluster.registry(&rt)?;
+    let encoders = Encoders::register(&registry, topics, use_case.input_schemas())?;
+    // A short linger: the time a record waits in the client counts in its latency.
+    let producer = producer(cluster, 1)?;
+    let mut generator = generator(
+        use_case,
+        Spec {
+            records: 0,
+            seed,
+            live: true,
+        },
+    );
+    let mut payload = Vec::with_capacity(256);
+    let started = Instant::now();
+    let start_ms = now_ms();
+    let mut sent = 0u64;
+    let mut max_behind = 0u64;
+    loop {
+        let elapsed = started.elapsed().as_secs_f64();
+        if elapsed >= seconds {
+            break;
+        }
+        let due = (elapsed * rate) as u64;
+        max_behind = max_behind.max(due.saturating_sub(sent));
+        while sent < due {
+            let now = now_ms();
+            let record = generator
+                .next(Clock::Wall(now))
+                .expect("live generators do not end");
+            encoders.encode(record.input, &record.record, &mut payload)?;
+            send(
+                &producer,
+                &topics[record.input],
+                record.key.as_bytes(),
+                &payload,
+                Some(now),
+            )?;
+            sent += 1;
+        }
+        producer.poll(Duration::ZERO);
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let end_ms = now_ms();
+    finish(&producer)?;
+    println!(
+        "{}",
+        json!({"records": sent, "seconds": seconds, "target_rate": rate,
+               "achieved_rate": sent as f64 / seconds, "start_ms": start_ms,
+               "end_ms": end_ms, "max_records_behind": max_behind})
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------------- watching
+
+#[derive(clap::Args)]
+struct WatchArgs {
+    /// The process to measure.
+    #[arg(long)]
+    pid: u32,
+    /// The consumer group that reads the inputs (the application id).
+    #[arg(long)]
+    group: String,
+    /// The input topics (complete before the system starts).
+    #[arg(long, value_delimiter = ',', required = true)]
+    inputs: Vec<String>,
+    /// The output topics.
+    #[arg(long, value_delimiter = ',', required = true)]
+    outputs: Vec<String>,
+    /// Sampling period.
+    #[arg(long, default_value_t = 50)]
+    poll_ms: u64,
+    /// Done when the inputs are committed and the outputs' end offsets have
+    /// not moved for this long.
+    #[arg(long, default_value_t = 2000)]
+    quiet_ms: u64,
+    #[arg(long, default_value_t = 1200)]
+    timeout_secs: u64,
+    /// host:port of the service's /metrics, scraped at the end (ours only).
+    #[arg(long)]
+    metrics_addr: Option<String>,
+}
+
+/// One sample of the watched process.
+#[derive(Clone, Copy)]
+struct Sample {
+    at: Instant,
+    cpu: f64,
+    processed: i64,
+}
+
+fn watch(cluster: &Cluster, args: WatchArgs) -> anyhow::Result<()> {
+    let launched = Instant::now();
+    let consumer = cluster.query_consumer(&args.group)?;
+    let timeout = Duration::from_secs(5);
+    let mut inputs = TopicPartitionList::new();
+    let mut input_total = 0i64;
+    for topic in &args.inputs {
+        for partition in 0..partitions(&consumer, topic)? {
+            inputs.add_partition(topic, partition);
+            let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
+            anyhow::ensure!(low == 0, "{topic} has been truncated");
+            input_total += high;
+        }
+    }
+    let mut outputs = Vec::new();
+    for topic in &args.outputs {
+        for partition in 0..partitions(&consumer, topic)? {
+            outputs.push((topic.clone(), partition));
+        }
+    }
+    let fail = |error: String| -> anyhow::Result<()> {
+        println!("{}", json!({"ok": false, "error": error}));
+        anyhow::bail!(error)
+    };
+    let mut first: Option<Sample> = None;
+    let mut inputs_done: Option<Sample> = None;
+    let mut output_end = -1i64;
+    let mut output_changed: Option<Sample> = None;
+    let deadline = launched + Duration::from_secs(args.timeout_secs);
+    loop {
+        let Some(cpu) = procfs::cpu_seconds(args.pid) else {
+            return fail(format!("process {} exited", args.pid));
+        };
+        let at = Instant::now();
+        let processed = match consumer.committed_offsets(inputs.clone(), timeout) {
+            Ok(committed) => committed
+                .elements()
+                .iter()
+                .map(|e| match e.offset() {
+                    Offset::Offset(offset) => offset,
+                    _ => 0,
+                })
+                .sum(),
+            Err(_) => first.map_or(0, |f| f.processed),
+        };
+        let mut end = 0i64;
+        for (topic, partition) in &outputs {
+            end += consumer.fetch_watermarks(topic, *partition, timeout)?.1;
+        }
+        let sample = Sample { at, cpu, processed };
+        if first.is_none() && processed > 0 {
+            first = Some(sample);
+        }
+        if inputs_done.is_none() && processed >= input_total {
+            inputs_done = Some(sample);
+        }
+        if end != output_end {
+            output_end = end;
+            output_changed = Some(sample);
+        }
+        if let (Some(done), Some(changed)) = (inputs_done, output_changed) {
+            let last = if changed.at > done.at { changed } else { done };
+            if at.duration_since(last.at) >= Duration::from_millis(args.quiet_ms) {
+                let first = first.expect("progress seen before completion");
+                let timed = input_total - first.processed;
+                let wall = last.at.duration_since(first.at).as_secs_f64();
+                let cpu = last.cpu - first.cpu;
+                let per = |value: f64| (timed > 0 && value > 0.0).then(|| timed as f64 / value);
+                let metrics = args.metrics_addr.as_deref().map(scrape_metrics);
+                println!(
+                    "{}",
+                    json!({
+                        "ok": true,
+                        "records": input_total,
+                        "records_timed": timed,
+                        "startup_s": first.at.duration_since(launched).as_secs_f64(),
+                        "wall_s": wall,
+                        "records_per_s": per(wall),
+                        "cpu_s": cpu,
+                        "records_per_cpu_s": per(cpu),
+                        "cpu_total_s": last.cpu,
+                        "total_wall_s": last.at.duration_since(launched).as_secs_f64(),
+                        "rss_peak_mib": procfs::peak_rss_mib(args.pid),
+                        "rss_end_mib": procfs::rss_mib(args.pid),
+                        "output_end_offset": output_end,
+                        "metrics": metrics,
+                    })
+                );
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return fail(format!(
+                "timed out after {} s: {processed} of {input_total} input records committed",
+                args.timeout_secs
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(args.poll_ms));
+    }
+}
+
+/// The thread-phase and commit series of a service's /metrics.
+fn scrape_metrics(addr: &str) -> serde_json::Value {
+    let text = (|| -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text)
+    })();
+    let Ok(text) = text else {
+        return serde_json::Value::Null;
+    };
+    let mut series = serde_json::Map::new();
+    for line in text.lines() {
+        if line.starts_with("streams_thread_phase_seconds_total")
+            || line.starts_with("streams_commits_total")
+            || line.starts_with("streams_commit_duration_seconds_total")
+            || line.starts_with("streams_records_consumed_total")
+            || line.starts_with("streams_records_produced_total")
+        {
+            if let Some((name, value)) = line.rsplit_once(' ') {
+                if let Ok(value) = value.parse::<f64>() {
+                    series.insert(name.to_string(), json!(value));
+                }
+            }
+        }
+    }
+    serde_json::Value::Object(series)
+}
+
+fn wait_ready(
+    cluster: &Cluster,
+    groups: &[String],
+    pid: Option<u32>,
+    timeout_secs: u64,
+) -> anyhow::Result<()> {
+    let consumer = cluster.query_consumer("loadgen-query")?;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(timeout_secs);
+    loop {
+        if let Some(pid) = pid {
+            anyhow::ensure!(procfs::cpu_seconds(pid).is_some(), "process {pid} exited");
+        }
+        let mut ready = true;
+        for group in groups {
+            let stable = consumer
+                .fetch_group_list(Some(group), Duration::from_secs(5))
+                .map(|list| {
+                    list.groups()
+                        .iter()
+                        .any(|g| g.state() == "Stable" && !g.members().is_empty())
+                })
+                .unwrap_or(false);
+            ready &= stable;
+        }
+        if ready {
+            println!(
+                "{}",
+                json!({"ready_after_s": started.elapsed().as_secs_f64()})
+            );
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "groups {groups:?} not stable after {timeout_secs} s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+// -------------------------------------------------------------------- latency
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    /// The output of a service (or its Kafka Streams peer).
+    Service,
+    /// The output of `rawcopy`: a copy of each input record.
+    Copy,
+}
+
+#[derive(clap::Args)]
+struct LatencyArgs {
+    #[arg(long, value_enum)]
+    use_case: UseCase,
+    #[arg(long, value_enum)]
+    kind: Kind,
+    /// The output topics (for a copy: one per input, in input order).
+    #[arg(long, value_delimiter = ',', required = true)]
+    outputs: Vec<String>,
+    /// The input topics (the joiner's are read to look up production times).
+    #[arg(long, value_delimiter = ',', required = true)]
+    inputs: Vec<String>,
+    /// Count records whose trigger was produced at or after this time (epoch ms).
+    #[arg(long)]
+    from_ms: i64,
+    /// ... and before this time.
+    #[arg(long)]
+    to_ms: i64,
+    /// Stop reading at this time (epoch ms) or later: once nothing has
+    /// arrived for `--idle-ms`, at most `--max-extra-ms` after it.
+    #[arg(long)]
+    stop_at_ms: i64,
+    #[arg(long, default_value_t = 2_000)]
+    idle_ms: i64,
+    #[arg(long, default_value_t = 30_000)]
+    max_extra_ms: i64,
+}
+
+/// What decides an output record's trigger time (the production time of the
+/// input record that made it due).
+enum Trigger {
+    /// Known from the value.
+    Time(i64),
+    /// The production time of this order (by id) or shipment (by id): the
+    /// later of the two when both are given.
+    Lookup(Option<i32>, Option<String>),
+}
+
+fn field<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
+    match value {
+        Value::Record(fields) => fields.iter().find(|(n, _)| n == name).map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn as_i64(value: &Value) -> Option<i64> {
+    match value {
+        Value::Long(x) | Value::TimestampMillis(x) => Some(*x),
+        Value::Int(x) => Some(i64::from(*x)),
+        Value::Union(_, inner) => as_i64(inner),
+        _ => None,
+    }
+}
+
+fn as_string(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Union(_, inner) => as_string(inner),
+        _ => None,
+    }
+}
+
+fn trigger(use_case: UseCase, kind: Kind, output: usize, value: &Value) -> Option<Trigger> {
+    let time = |name| field(value, name).and_then(as_i64).map(Trigger::Time);
+    match (kind, use_case) {
+        (Kind::Service, UseCase::Sessionizer) => time("session_end"),
+        (Kind::Service, UseCase::SensorFusion | UseCase::WindowAggregator) => time("window_end"),
+        (Kind::Service, UseCase::OrderShipmentJoiner) => Some(Trigger::Lookup(
+            field(value, "order_id")
+                .and_then(as_i64)
+                .map(|id| id as i32),
+            field(value, "ship_id").and_then(as_string),
+        )),
+        (Kind::Copy, UseCase::Sessionizer | UseCase::SensorFusion) => time("event_time"),
+        (Kind::Copy, UseCase::WindowAggregator) => time("order_time"),
+        (Kind::Copy, UseCase::OrderShipmentJoiner) if output == 0 => Some(Trigger::Lookup(
+            field(value, "id").and_then(as_i64).map(|id| id as i32),
+            None,
+        )),
+        (Kind::Copy, UseCase::OrderShipmentJoiner) => Some(Trigger::Lookup(
+            None,
+            field(value, "id").and_then(as_string),
+        )),
+    }
+}
+
+/// Decodes values with their writer schema.
+struct ValueDecoder {
+    registry: Registry,
+    readers: HashMap<u32, GenericDatumReader<'static>>,
+}
+
+impl ValueDecoder {
+    fn decode(&mut self, bytes: &[u8]) -> anyhow::Result<Value> {
+        let (id, mut datum) = split_wire_format(bytes)?;
+        if !self.readers.contains_key(&id) {
+            let schema = self.registry.schema_by_id(id)?;
+            let reader = GenericDatumReader::builder(schema)
+                .build()
+                .map_err(|e| anyhow::anyhow!("schema id {id}: {e}"))?;
+            self.readers.insert(id, reader);
+        }
+        self.readers[&id]
+            .read_value(&mut datum)
+            .map_err(|e| anyhow::anyhow!("Avro: {e}"))
+    }
+}
+
+fn assign_from_beginning(consumer: &BaseConsumer, topics: &[String]) -> anyhow::Result<()> {
+    let mut assignment = TopicPartitionList::new();
+    for topic in topics {
+        for partition in 0..partitions(consumer, topic)? {
+            assignment.add_partition_offset(topic, partition, Offset::Beginning)?;
+        }
+    }
+    consumer.assign(&assignment)?;
+    Ok(())
+}
+
+fn latency(cluster: &Cluster, args: LatencyArgs) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let mut decoder = ValueDecoder {
+        registry: cluster.registry(&rt)?,
+        readers: HashMap::new(),
+    };
+    let mut config = cluster.client_config();
+    config
+        .set("group.id", "loadgen-latency")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "5");
+    let consumer: BaseConsumer = config.create()?;
+    assign_from_beginning(&consumer, &args.outputs)?;
+    let mut seen: Vec<(i64, Trigger)> = Vec::new();
+    let mut undecodable = 0u64;
+    let mut last_arrival = now_ms();
+    loop {
+        let now = now_ms();
+        if now >= args.stop_at_ms
+            && (now - last_arrival >= args.idle_ms || now >= args.stop_at_ms + args.max_extra_ms)
+        {
+            break;
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(20)) else {
+            continue;
+        };
+        let message = message?;
+        let consumed = now_ms();
+        last_arrival = consumed;
+        let output = args
+            .outputs
+            .iter()
+            .position(|t| t == message.topic())
+            .unwrap_or(0);
+        let found = message
+            .payload()
+            .and_then(|payload| decoder.decode(payload).ok())
+            .and_then(|value| trigger(args.use_case, args.kind, output, &value));
+        match found {
+            Some(trigger) => seen.push((consumed, trigger)),
+            None => undecodable += 1,
+        }
+    }
+    drop(consumer);
+
+    // Production times of the joiner's inputs, from their Kafka timestamps.
+    let mut orders: HashMap<i32, i64> = HashMap::new();
+    let mut shipments: HashMap<String, i64> = HashMap::new();
+    if seen.iter().any(|(_, t)| matches!(t, Trigger::Lookup(..))) {
+        read_production_times(
+            cluster,
+            &mut decoder,
+            &args.inputs,
+            &mut orders,
+            &mut shipments,
+        )?;
+    }
+    let mut latencies = Vec::new();
+    let (mut outside, mut unmatched) = (0u64, 0u64);
+    for (consumed, trigger) in &seen {
+        let time = match trigger {
+            Trigger::Time(time) => Some(*time),
+            Trigger::Lookup(order, ship) => {
+                let order = order.map(|id| orders.get(&id).copied());
+                let ship = ship.as_ref().map(|id| shipments.get(id).copied());
+                match (order, ship) {
+                    (Some(None), _) | (_, Some(None)) => None,
+                    (order, ship) => order.flatten().max(ship.flatten()),
+                }
+            }
+        };
+        match time {
+            None => unmatched += 1,
+            Some(time) if time < args.from_ms || time >= args.to_ms => outside += 1,
+            Some(time) => latencies.push(consumed - time),
+        }
+    }
+    latencies.sort_unstable();
+    let percentile = |p: f64| -> Option<i64> {
+        (!latencies.is_empty())
+            .then(|| latencies[((latencies.len() - 1) as f64 * p).round() as usize])
+    };
+    let mean = (!latencies.is_empty())
+        .then(|| latencies.iter().sum::<i64>() as f64 / latencies.len() as f64);
+    println!(
+        "{}",
+        json!({
+            "outputs_read": seen.len() as u64 + undecodable,
+            "count": latencies.len(),
+            "p50_ms": percentile(0.50),
+            "p90_ms": percentile(0.90),
+            "p99_ms": percentile(0.99),
+            "max_ms": latencies.last(),
+            "mean_ms": mean,
+            "outside_window": outside,
+            "unmatched": unmatched,
+            "undecodable": undecodable,
+        })
+    );
+    Ok(())
+}
+
+/// Reads the joiner's inputs (orders, shipments) to their end and notes each
+/// record's Kafka timestamp, which `loadgen rate` sets to its production time.
+fn read_production_times(
+    cluster: &Cluster,
+    decoder: &mut ValueDecoder,
+    inputs: &[String],
+    orders: &mut HashMap<i32, i64>,
+    shipments: &mut HashMap<String, i64>,
+) -> anyhow::Result<()> {
+    let mut config = cluster.client_config();
+    config
+        .set("group.id", "loadgen-latency")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true");
+    let consumer: BaseConsumer = config.create()?;
+    assign_from_beginning(&consumer, inputs)?;
+    let mut open = 0;
+    for topic in inputs {
+        open += partitions(&consumer, topic)?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while open > 0 && Instant::now() < deadline {
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = match message {
+            Err(KafkaError::PartitionEOF(_)) => {
+                open -= 1;
+                continue;
+            }
+            other => other?,
+        };
+        let Some(time) = message.timestamp().to_millis() else {
+            continue;
+        };
+        let Some(value) = message.payload().and_then(|p| decoder.decode(p).ok()) else {
+            continue;
+        };
+        let id = field(&value, "id");
+        if message.topic() == inputs[0] {
+            if let Some(id) = id.and_then(as_i64) {
+                orders.insert(id as i32, time);
+            }
+        } else if let Some(id) = id.and_then(as_string) {
+            shipments.insert(id, time);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,499 @@
+#!/usr/bin/env python3
+"""`make bench`: our services vs Kafka Streams vs a raw copy, on the local stack.
+
+Three systems per use case, on the same broker, the same input topics and the
+same settings (1 partition, exactly_once_v2, commit every 100 ms):
+
+* ours: the service's release binary;
+* kafka-streams: the same use case on Kafka Streams 4.4 (bench/peers/kafka-streams);
+* rawcopy: consume -> decode -> encode -> produce, transactional (bench/rawcopy),
+  the physical limit of the stack.
+
+Phases (see BENCHMARKS.md for the method):
+
+1. check: each system on a small input; the peer's output must equal ours
+   (`streamctl consume`, as sorted JSON lines), the copy's its input;
+2. fill: `loadgen fill` writes the full inputs once, at full speed;
+3. throughput: BENCH_RUNS rounds, the systems alternating (the order rotates
+   every round); `loadgen watch` measures each run from outside the process;
+4. latency: per use case, a fixed input rate of half the slower of ours and
+   Kafka Streams (median records/s), each system under each guarantee.
+
+Writes bench/results/<date>.json, .md (tables) and .svg (chart).
+
+Environment:
+  BENCH_SCALE        multiplies the full record counts (default 0.5; 1 = 1M
+                     events, 500k+500k orders/shipments, 1M+1M readings, 2M
+                     marketplace orders)
+  BENCH_RUNS         throughput runs per system (default 3)
+  BENCH_ONLY         regex: use cases to run (default all)
+  BENCH_SYSTEMS      systems to run (default "ours kafka-streams rawcopy")
+  BENCH_LATENCY      0 to skip the latency phase
+  BENCH_LATENCY_GUARANTEES  default "exactly_once_v2 at_least_once"
+  BENCH_LATENCY_SECONDS     measured seconds per latency run (default 10, after 3 s warm-up)
+  BIN_DIR            release binaries (default $CARGO_TARGET_DIR/release)
+  KS_JAVA_OPTS       JVM flags of the peer (default "-Xms256m -Xmx1g")
+"""
+
+import datetime
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BIN = pathlib.Path(os.environ.get("BIN_DIR") or
+                   pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release")
+JAR = ROOT / "bench/peers/kafka-streams/target/ks-peer.jar"
+SCALE = float(os.environ.get("BENCH_SCALE", "0.5"))
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+ONLY = re.compile(os.environ.get("BENCH_ONLY", "."))
+SYSTEMS = os.environ.get("BENCH_SYSTEMS", "ours kafka-streams rawcopy").split()
+LATENCY = os.environ.get("BENCH_LATENCY", "1") != "0"
+LATENCY_GUARANTEES = os.environ.get("BENCH_LATENCY_GUARANTEES", "exactly_once_v2 at_least_once").split()
+LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
+WARMUP_SECONDS = 3.0
+DRAIN_SECONDS = 2.0
+JAVA_OPTS = os.environ.get("KS_JAVA_OPTS", "-Xms256m -Xmx1g").split()
+RUN = f"bench-{int(time.time())}"
+WORK = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / RUN
+
+# Full-size record counts per input topic.
+USE_CASES = {
+    "sessionizer": {"records": 1_000_000, "inputs": 1, "binary": "sessionizer",
+                    "flags": ["--input-topic", "{in0}", "--output-topic", "{out}"]},
+    "order-shipment-joiner": {"records": 500_000, "inputs": 2, "binary": "order-shipment-joiner",
+                              "flags": ["--orders-topic", "{in0}", "--shipments-topic", "{in1}",
+                                        "--output-topic", "{out}"]},
+    "sensor-fusion": {"records": 1_000_000, "inputs": 2, "binary": "sensor-fusion",
+                      "flags": ["--temperature-topic", "{in0}", "--humidity-topic", "{in1}",
+                                "--output-topic", "{out}"]},
+    "window-aggregator": {"records": 2_000_000, "inputs": 1, "binary": "window-aggregator",
+                          "flags": ["--input-topic", "{in0}", "--output-topic", "{out}"]},
+}
+# Small inputs for the equality check.
+CHECK_RECORDS = {"sessionizer": 5_000, "order-shipment-joiner": 2_000,
+                 "sensor-fusion": 20_000, "window-aggregator": 10_000}
+
+_port = [19400]
+
+
+def log(message):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+BROKER_PIDFILE = pathlib.Path(os.environ.get("BENCH_BROKER_PIDFILE", "/var/tmp/streams-stack/run/kafka.pid"))
+_broker_restarts = [0]
+
+
+def broker_pid():
+    """The local broker's pid (deploy/local/stack.sh writes it), to notice restarts."""
+    try:
+        return BROKER_PIDFILE.read_text().strip()
+    except OSError:
+        return None
+
+
+def wait_for_broker(timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if subprocess.run([str(BIN / "streamctl"), "topics", "list"], capture_output=True).returncode == 0:
+            return
+        time.sleep(2)
+    raise RuntimeError("the broker did not come back")
+
+
+def attempts(label, run_once, ok=lambda outcome: outcome.get("ok")):
+    """Runs `run_once` up to three times: again when it failed or the broker
+    restarted meanwhile (other users of the shared stack restart it)."""
+    outcome = None
+    for attempt in range(3):
+        before = broker_pid()
+        try:
+            outcome = run_once()
+        except Exception as error:  # noqa: BLE001 - retried, then recorded
+            outcome = {"ok": False, "error": str(error)}
+        restarted = broker_pid() != before
+        if restarted:
+            _broker_restarts[0] += 1
+        if ok(outcome) and not restarted:
+            outcome["attempts"] = attempt + 1
+            return outcome
+        log(f"{label}: {'the broker restarted' if restarted else 'failed'} "
+            f"({outcome.get('error', '')}); {'retrying' if attempt < 2 else 'giving up'}")
+        wait_for_broker()
+    outcome["attempts"] = 3
+    return outcome
+
+
+def loadgen(*args, check=True):
+    """Runs loadgen; returns its JSON answer."""
+    result = subprocess.run([str(BIN / "loadgen"), *map(str, args)], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"loadgen {args[0]} failed: {result.stderr.strip()} {result.stdout.strip()}")
+    line = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "{}"
+    return json.loads(line)
+
+
+class System:
+    """One running system under test."""
+
+    def __init__(self, name, use_case, inputs, app, guarantee, live=False):
+        self.name, self.use_case, self.inputs, self.app = name, use_case, inputs, app
+        spec = USE_CASES[use_case]
+        self.outputs = ([f"{app}-out-{i}" for i in range(len(inputs))] if name == "rawcopy"
+                        else [f"{app}-out"])
+        self.state_dir = WORK / f"state-{app}"
+        self.metrics_addr = None
+        self.groups = [app]
+        if name == "ours":
+            _port[0] += 1
+            self.metrics_addr = f"127.0.0.1:{_port[0]}"
+            fill = {f"in{i}": t for i, t in enumerate(inputs)} | {"out": self.outputs[0]}
+            self.cmd = [str(BIN / spec["binary"]), *[f.format(**fill) for f in spec["flags"]],
+                        "--application-id", app, "--processing-guarantee", guarantee,
+                        "--state-dir", str(self.state_dir), "--http-addr", self.metrics_addr,
+                        "--log-format", "json"]
+            if live and use_case == "sensor-fusion":
+                self.cmd += ["--window-interval", "1s"]
+            if live and use_case == "window-aggregator":
+                self.cmd += ["--window-size", "200ms", "--window-advance", "100ms"]
+            if use_case == "window-aggregator":
+                self.groups.append(f"{app}-final")
+        elif name == "kafka-streams":
+            self.cmd = ["java", *JAVA_OPTS, "-jar", str(JAR), use_case, "--application-id", app,
+                        "--inputs", ",".join(inputs), "--output", self.outputs[0],
+                        "--processing-guarantee", guarantee, "--state-dir", str(self.state_dir),
+                        "--schemas-dir", str(ROOT / "shared/schemas/avro")]
+            if live and use_case == "sensor-fusion":
+                self.cmd += ["--window-interval-ms", "1000"]
+            if live and use_case == "window-aggregator":
+                self.cmd += ["--window-size-ms", "200", "--window-advance-ms", "100"]
+        else:
+            self.cmd = [str(BIN / "rawcopy"), "--use-case", use_case, "--inputs", ",".join(inputs),
+                        "--outputs", ",".join(self.outputs), "--application-id", app,
+                        "--processing-guarantee", guarantee]
+        self.process = None
+
+    def start(self):
+        loadgen("topics", "--create", ",".join(self.outputs))
+        self.log = open(WORK / f"{self.app}.log", "w")
+        self.process = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        return self
+
+    def watch(self, timeout=1200):
+        args = ["watch", "--pid", self.process.pid, "--group", self.app,
+                "--inputs", ",".join(self.inputs), "--outputs", ",".join(self.outputs),
+                "--timeout-secs", timeout]
+        if self.metrics_addr:
+            args += ["--metrics-addr", self.metrics_addr]
+        return loadgen(*args, check=False)
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process:
+            self.log.close()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def consume(topic):
+    result = subprocess.run([str(BIN / "streamctl"), "consume", "--topic", topic, "--from-beginning",
+                             "--until-end"], capture_output=True, text=True, check=True)
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def compare(expected, actual):
+    missing = sorted(set(expected) - set(actual))
+    extra = sorted(set(actual) - set(expected))
+    return {"equal": sorted(expected) == sorted(actual), "same_order": expected == actual,
+            "rows_expected": len(expected), "rows": len(actual),
+            "missing_examples": missing[:3], "extra_examples": extra[:3]}
+
+
+def check(use_case):
+    """Runs every system on a small input and compares outputs."""
+    n = CHECK_RECORDS[use_case]
+    inputs = [f"{RUN}-check-{use_case}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
+    loadgen("fill", "--use-case", use_case, "--topics", ",".join(inputs), "--records", n, "--seed", 7)
+    systems = [System(name, use_case, inputs, f"{RUN}-check-{use_case}-{name}", "exactly_once_v2")
+               for name in SYSTEMS]
+    for system in systems:
+        system.start()
+    results = {}
+    try:
+        for system in systems:
+            results[system.name] = {"watch": system.watch(timeout=300)}
+    finally:
+        for system in systems:
+            system.stop()
+    outputs = {s.name: [line for topic in s.outputs for line in consume(topic)] for s in systems}
+    for system in systems:
+        if system.name == "rawcopy":
+            results["rawcopy"]["vs"] = "input"
+            results["rawcopy"] |= compare([l for t in inputs for l in consume(t)], outputs["rawcopy"])
+        elif system.name != "ours" and "ours" in outputs:
+            results[system.name]["vs"] = "ours"
+            results[system.name] |= compare(outputs["ours"], outputs[system.name])
+    if "ours" in outputs:
+        results["ours"]["rows"] = len(outputs["ours"])
+    for name, outcome in results.items():
+        if "equal" in outcome:
+            log(f"check {use_case}: {name} vs {outcome['vs']}: "
+                f"{'EQUAL' if outcome['equal'] else 'DIFFERENT'} ({outcome['rows']} rows, "
+                f"{outcome['rows_expected']} expected{', same order' if outcome['same_order'] else ''})")
+    return results
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def main():
+    WORK.mkdir(parents=True, exist_ok=True)
+    wait_for_broker()
+    use_cases = [u for u in USE_CASES if ONLY.search(u)]
+    started = time.time()
+    load_before = os.getloadavg()
+    log(f"run {RUN}: scale {SCALE}, {RUNS} runs, systems {SYSTEMS}, use cases {use_cases}; "
+        f"load average {load_before[0]:.1f}; work dir {WORK}")
+    results = {
+        "meta": {
+            "run": RUN, "date": datetime.date.today().isoformat(),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True, cwd=ROOT).stdout.strip(),
+            "uncommitted_changes": subprocess.run(
+                ["git", "status", "--porcelain", "--", "shared", "services", "Cargo.lock"],
+                capture_output=True, text=True, cwd=ROOT).stdout.split("\n")[:-1],
+            "cpus": os.cpu_count(), "scale": SCALE, "runs": RUNS,
+            "java": subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0],
+            "java_opts": JAVA_OPTS, "load_average_before": load_before,
+        },
+        "check": {}, "fill": {}, "throughput": [], "latency": [],
+    }
+
+    for use_case in use_cases:
+        log(f"check: {use_case} on a small input")
+        results["check"][use_case] = attempts(
+            f"check {use_case}", lambda: check(use_case),
+            ok=lambda r: all(v.get("watch", {}).get("ok") for v in r.values() if isinstance(v, dict)))
+
+    inputs = {}
+    for use_case in use_cases:
+        n = int(USE_CASES[use_case]["records"] * SCALE)
+        log(f"fill: {use_case}, {n} records per input")
+
+        def fill_once():
+            topics = [f"{RUN}-{use_case}-{int(time.time())}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
+            return loadgen("fill", "--use-case", use_case, "--topics", ",".join(topics), "--records", n) | {
+                "topics": topics, "ok": True}
+        results["fill"][use_case] = attempts(f"fill {use_case}", fill_once)
+        inputs[use_case] = results["fill"][use_case]["topics"]
+        log(f"  {results['fill'][use_case]['records']} records at "
+            f"{results['fill'][use_case]['records_per_s']:,.0f}/s")
+
+    for run in range(RUNS):
+        order = SYSTEMS[run % len(SYSTEMS):] + SYSTEMS[:run % len(SYSTEMS)]
+        for use_case in use_cases:
+            for name in order:
+                outcome = attempts(f"throughput {use_case} {name} #{run}",
+                                   lambda: throughput_run(use_case, name, inputs[use_case], run))
+                outcome |= {"use_case": use_case, "system": name, "run": run,
+                            "load_average": os.getloadavg()[0]}
+                results["throughput"].append(outcome)
+                if outcome.get("ok"):
+                    log(f"throughput {use_case} {name} #{run}: {fmt(outcome['records_per_s'])} records/s, "
+                        f"{fmt(outcome['records_per_cpu_s'])} per CPU-s, peak RSS {fmt(outcome['rss_peak_mib'])} MiB, "
+                        f"load {outcome['load_average']:.1f}")
+                else:
+                    log(f"throughput {use_case} {name} #{run}: FAILED {outcome.get('error')}")
+
+    summary = {}
+    for use_case in use_cases:
+        summary[use_case] = {}
+        for name in SYSTEMS:
+            runs = [r for r in results["throughput"]
+                    if r["use_case"] == use_case and r["system"] == name and r.get("ok")]
+            summary[use_case][name] = {
+                key: spread([r[key] for r in runs])
+                for key in ["records_per_s", "records_per_cpu_s", "cpu_s", "wall_s", "rss_peak_mib", "startup_s"]
+            } | {"records": runs[0]["records"] if runs else None, "output_end_offset":
+                 runs[0]["output_end_offset"] if runs else None}
+    results["summary"] = summary
+
+    if LATENCY:
+        for use_case in use_cases:
+            medians = [summary[use_case][n]["records_per_s"]["median"] for n in ("ours", "kafka-streams")
+                       if n in summary[use_case] and summary[use_case][n]["records_per_s"]]
+            if not medians:
+                continue
+            rate = round(0.5 * min(medians))
+            for guarantee in LATENCY_GUARANTEES:
+                for name in SYSTEMS:
+                    results["latency"].append(attempts(
+                        f"latency {use_case} {name} {guarantee}",
+                        lambda: latency_run(use_case, name, guarantee, rate)))
+
+    results["meta"]["broker_restarts_seen"] = _broker_restarts[0]
+    results["meta"]["load_average_after"] = os.getloadavg()
+    results["meta"]["minutes"] = (time.time() - started) / 60
+    write_results(results)
+
+
+def throughput_run(use_case, name, inputs, run):
+    app = f"{RUN}-{use_case}-{name}-t{run}-{int(time.time())}"
+    system = System(name, use_case, inputs, app, "exactly_once_v2").start()
+    try:
+        return system.watch()
+    finally:
+        system.stop()
+
+
+def latency_run(use_case, name, guarantee, rate):
+    app = f"{RUN}-lat-{use_case}-{name}-{guarantee.replace('_', '')}-{int(time.time())}"
+    inputs = [f"{app}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
+    loadgen("topics", "--create", ",".join(inputs))
+    system = System(name, use_case, inputs, app, guarantee, live=True).start()
+    outcome = {"use_case": use_case, "system": name, "guarantee": guarantee, "rate": rate}
+    try:
+        outcome["ready"] = loadgen("wait-ready", "--pid", system.process.pid,
+                                   *[a for g in system.groups for a in ("--group", g)])
+        start = int(time.time() * 1000) + 1000
+        from_ms = start + int(WARMUP_SECONDS * 1000)
+        to_ms = from_ms + int(LATENCY_SECONDS * 1000)
+        stop_ms = to_ms + int(DRAIN_SECONDS * 1000)
+        meter = subprocess.Popen([str(BIN / "loadgen"), "latency", "--use-case", use_case, "--kind",
+                                  "copy" if name == "rawcopy" else "service",
+                                  "--outputs", ",".join(system.outputs), "--inputs", ",".join(inputs),
+                                  "--from-ms", str(from_ms), "--to-ms", str(to_ms),
+                                  "--stop-at-ms", str(stop_ms)], stdout=subprocess.PIPE, text=True)
+        time.sleep(max(0.0, start / 1000 - time.time()))
+        outcome["load"] = loadgen("rate", "--use-case", use_case, "--topics", ",".join(inputs),
+                                  "--rate", rate, "--seconds", WARMUP_SECONDS + LATENCY_SECONDS)
+        out, _ = meter.communicate(timeout=300)
+        outcome |= json.loads(out.strip().splitlines()[-1])
+        outcome["ok"] = True
+        log(f"latency {use_case} {name} {guarantee} at {rate:,}/s: p50 {outcome['p50_ms']} ms, "
+            f"p99 {outcome['p99_ms']} ms ({outcome['count']} rows)")
+    except Exception as error:  # noqa: BLE001 - recorded, the run goes on
+        outcome |= {"ok": False, "error": str(error)}
+        log(f"latency {use_case} {name} {guarantee}: FAILED {error}")
+    finally:
+        system.stop()
+    return outcome
+
+
+def fmt(value, digits=0):
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}".replace(",", " ")
+
+
+def tables(results):
+    lines = []
+    meta = results["meta"]
+    lines.append(f"Run `{meta['run']}` at commit {meta['commit']}, {meta['cpus']} cores, scale {meta['scale']}, "
+                 f"{meta['runs']} runs per system; load average {meta['load_average_before'][0]:.1f} before, "
+                 f"{meta['load_average_after'][0]:.1f} after; {meta['minutes']:.1f} minutes.")
+    lines.append("")
+    lines.append("Throughput, exactly_once_v2 (median of the runs, [min – max]):")
+    lines.append("")
+    lines.append("| use case | input records | system | records/s | records per CPU-second | CPU s | peak RSS MiB | startup s |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for use_case, systems in results["summary"].items():
+        for name, s in systems.items():
+            if not s["records_per_s"]:
+                lines.append(f"| {use_case} | {fmt(s['records'])} | {name} | failed | | | | |")
+                continue
+            r, c = s["records_per_s"], s["records_per_cpu_s"]
+            lines.append(
+                f"| {use_case} | {fmt(s['records'])} | {name} | {fmt(r['median'])} [{fmt(r['min'])} – {fmt(r['max'])}] "
+                f"| {fmt(c['median'])} [{fmt(c['min'])} – {fmt(c['max'])}] | {fmt(s['cpu_s']['median'], 1)} "
+                f"| {fmt(s['rss_peak_mib']['median'])} [{fmt(s['rss_peak_mib']['min'])} – {fmt(s['rss_peak_mib']['max'])}] "
+                f"| {fmt(s['startup_s']['median'], 1)} |")
+    if results["latency"]:
+        lines.append("")
+        lines.append("End-to-end latency at a fixed rate (half the slower of ours and Kafka Streams), ms:")
+        lines.append("")
+        lines.append("| use case | rate/s | guarantee | system | p50 | p99 | max | rows measured |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in results["latency"]:
+            if r.get("ok"):
+                lines.append(f"| {r['use_case']} | {fmt(r['rate'])} | {r['guarantee']} | {r['system']} | "
+                             f"{fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | {fmt(r['max_ms'])} | {fmt(r['count'])} |")
+            else:
+                lines.append(f"| {r['use_case']} | {fmt(r['rate'])} | {r['guarantee']} | {r['system']} | failed | | | |")
+    lines.append("")
+    lines.append("Output equality on a small input (peer vs ours, copy vs input):")
+    lines.append("")
+    lines.append("| use case | system | rows | expected | equal as a multiset | same order |")
+    lines.append("| --- | --- | --- | --- | --- | --- |")
+    for use_case, systems in results["check"].items():
+        for name, c in systems.items():
+            if isinstance(c, dict) and "equal" in c:
+                lines.append(f"| {use_case} | {name} vs {c['vs']} | {c['rows']} | {c['rows_expected']} | "
+                             f"{'yes' if c['equal'] else '**no**'} | {'yes' if c['same_order'] else 'no'} |")
+    phase_lines = phases(results)
+    if phase_lines:
+        lines += ["", "Where our processing thread spends its time (`streams_thread_phase_seconds_total`, "
+                  "share of the thread's accounted time, last throughput run):", ""] + phase_lines
+    return "\n".join(lines) + "\n"
+
+
+def phases(results):
+    rows = {}
+    names = []
+    for r in results["throughput"]:
+        if r["system"] != "ours" or not r.get("ok") or not r.get("metrics"):
+            continue
+        per_stage = {}
+        for series, value in r["metrics"].items():
+            m = re.match(r'streams_thread_phase_seconds_total\{(.*)\}', series)
+            if not m:
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            stage = labels.get("stage", "")
+            per_stage.setdefault(stage, {})[labels.get("phase")] = value
+        for stage, values in per_stage.items():
+            total = sum(values.values()) or 1
+            label = r["use_case"] + (f" ({stage} stage)" if stage else "")
+            rows[label] = {k: v / total for k, v in values.items()} | {"_total": total}
+            names += [k for k in values if k not in names]
+    if not rows:
+        return []
+    out = ["| service | seconds | " + " | ".join(names) + " |", "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
+    for label, values in rows.items():
+        out.append(f"| {label} | {values['_total']:.1f} | " +
+                   " | ".join(f"{100 * values.get(n, 0):.0f} %" for n in names) + " |")
+    return out
+
+
+def write_results(results):
+    out_dir = ROOT / "bench/results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / results["meta"]["date"]
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    text = tables(results)
+    stem.with_suffix(".md").write_text(text)
+    subprocess.run([sys.executable, str(ROOT / "bench/chart.py"), str(stem.with_suffix(".json")),
+                    str(stem.with_suffix(".svg"))], check=False)
+    print(text)
+    log(f"results: {stem}.json, .md, .svg")
+
+
+if __name__ == "__main__":
+    main()
