@@ -137,7 +137,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "false")
-        .set("partition.assignment.strategy", "range");
+        .set("partition.assignment.strategy", "range")
+        .set("fetch.queue.backoff.ms", "5");
     let consumer: BaseConsumer = consumer_config.create()?;
     let topics: Vec<&str> = args.inputs.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
@@ -197,14 +198,17 @@ fn run(args: Args) -> anyhow::Result<()> {
                 Offset::Offset(offset),
             )?;
         }
+        // A synchronous commit: the copy waits for its records like the
+        // simplest client would.
+        let generation = delivery.seal();
         if exactly_once {
             let group = consumer.group_metadata();
             delivery
-                .commit(&committed, group.as_ref(), &mut phases)
+                .commit(generation, &committed, group.as_ref(), &mut phases)
                 .map_err(|e| anyhow::anyhow!("commit: {e}"))?;
         } else {
             delivery
-                .commit(&TopicPartitionList::new(), None, &mut phases)
+                .commit(generation, &TopicPartitionList::new(), None, &mut phases)
                 .map_err(|e| anyhow::anyhow!("flush: {e}"))?;
             consumer.commit(&committed, CommitMode::Sync)?;
         }

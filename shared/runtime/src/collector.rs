@@ -241,6 +241,11 @@ impl Collector {
         self.arena.clear();
     }
 
+    /// Bytes of the records waiting to be drained.
+    pub fn held_bytes(&self) -> usize {
+        self.arena.len()
+    }
+
     /// Drops everything not yet drained (a failed batch).
     pub fn discard(&mut self) {
         for record in &self.records {

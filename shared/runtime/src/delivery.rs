@@ -2,11 +2,17 @@
 //! transactions under exactly-once.
 //!
 //! Records go into librdkafka's queue without waiting (no await per record);
-//! delivery reports are served in bulk by `poll`/`flush`. Each record carries a
-//! small opaque tag so that the delivery report of a changelog record tells
-//! which changelog partition reached which offset, with no allocation.
+//! delivery reports are served in bulk by `poll`. Each record carries a small
+//! opaque tag so that the delivery report of a changelog record tells which
+//! changelog partition reached which offset, with no allocation.
+//!
+//! Records belong to *generations*, one per commit: [`Delivery::seal`] closes
+//! the current one, and its commit waits only until that generation is
+//! acknowledged, while the records of the next one may already be on their
+//! way (at-least-once). The generation travels in the low bits of the tag.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -27,13 +33,36 @@ const ABORT_PAUSE: Duration = Duration::from_millis(500);
 /// Tag for records whose delivery offset nobody needs.
 pub const UNTRACKED: usize = 0;
 
+/// Low bits of a record's opaque that carry its generation.
+const GENERATION_BITS: u32 = 8;
+
+/// Generations in use before a slot is reused: far more than can be in
+/// flight (one commit at a time), so a late report never counts for a
+/// younger generation.
+const GENERATIONS: usize = 1 << GENERATION_BITS;
+
+/// A commit's records, as told apart in delivery reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generation(usize);
+
 /// Receives delivery reports.
-#[derive(Default)]
 pub struct DeliveryReports {
     /// Highest delivered offset per tracked tag.
     offsets: Mutex<HashMap<usize, i64>>,
     /// The first delivery failure since the last commit.
     failure: Mutex<Option<KafkaError>>,
+    /// Reports served (delivered or failed), per generation.
+    reported: [AtomicU64; GENERATIONS],
+}
+
+impl Default for DeliveryReports {
+    fn default() -> Self {
+        DeliveryReports {
+            offsets: Mutex::default(),
+            failure: Mutex::default(),
+            reported: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
 }
 
 impl ClientContext for DeliveryReports {}
@@ -41,7 +70,9 @@ impl ClientContext for DeliveryReports {}
 impl ProducerContext for DeliveryReports {
     type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, tag: usize) {
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
+        self.reported[opaque % GENERATIONS].fetch_add(1, Ordering::Relaxed);
+        let tag = opaque >> GENERATION_BITS;
         match result {
             Ok(message) if tag != UNTRACKED => {
                 let mut offsets = self.offsets.lock().unwrap();
@@ -88,6 +119,10 @@ pub struct Delivery {
     /// An abort failed: the transaction state is unknown, start afresh.
     abort_failed: bool,
     timeout: Duration,
+    /// The generation records sent now belong to.
+    generation: Generation,
+    /// Records sent per generation.
+    sent: [u64; GENERATIONS],
 }
 
 /// One record to produce.
@@ -132,6 +167,8 @@ impl Delivery {
             send_failure: None,
             abort_failed: false,
             timeout,
+            generation: Generation(0),
+            sent: [0; GENERATIONS],
         })
     }
 
@@ -200,8 +237,9 @@ impl Delivery {
             }
             self.in_transaction = true;
         }
+        let opaque = (record.tag << GENERATION_BITS) | self.generation.0;
         let mut base: BaseRecord<'_, [u8], [u8], usize> =
-            BaseRecord::with_opaque_to(record.topic, record.tag);
+            BaseRecord::with_opaque_to(record.topic, opaque);
         if let Some(partition) = record.partition {
             base = base.partition(partition);
         }
@@ -216,7 +254,10 @@ impl Delivery {
         }
         loop {
             match self.producer.send(base) {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.sent[self.generation.0] += 1;
+                    return;
+                }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     base = returned;
                     self.producer.poll(Duration::from_millis(10));
@@ -235,22 +276,42 @@ impl Delivery {
         self.producer.poll(Duration::ZERO);
     }
 
-    /// Waits for every queued record to be acknowledged and its delivery
-    /// report served; returns the first delivery failure since the last call.
+    /// Closes the current generation for a commit: records sent from now on
+    /// belong to the next one.
+    pub fn seal(&mut self) -> Generation {
+        let sealed = self.generation;
+        let next = (sealed.0 + 1) % GENERATIONS;
+        self.sent[next] = 0;
+        self.producer.context().reported[next].store(0, Ordering::Relaxed);
+        self.generation = Generation(next);
+        sealed
+    }
+
+    /// Serves pending delivery reports and tells whether every record of
+    /// `generation` has been reported.
+    pub fn is_acknowledged(&self, generation: Generation) -> bool {
+        self.producer.poll(Duration::ZERO);
+        self.unreported(generation) == 0
+    }
+
+    fn unreported(&self, generation: Generation) -> u64 {
+        let reported = self.producer.context().reported[generation.0].load(Ordering::Relaxed);
+        self.sent[generation.0].saturating_sub(reported)
+    }
+
+    /// Waits for every record of `generation` to be acknowledged and its
+    /// delivery report served; returns the first delivery failure since the
+    /// last call.
     ///
     /// rdkafka's own `flush` polls in steps of 100 ms, which would put a floor
     /// of 100 ms under every commit; this waits in 1 ms steps instead.
-    fn flush(&mut self) -> Result<(), CommitError> {
+    fn flush(&mut self, generation: Generation) -> Result<(), CommitError> {
         let deadline = Instant::now() + self.timeout;
-        loop {
-            self.producer.poll(Duration::ZERO);
-            if self.producer.in_flight_count() == 0 {
-                break;
-            }
+        while !self.is_acknowledged(generation) {
             if Instant::now() >= deadline {
                 return Err(CommitError::Aborted(format!(
                     "{} records not acknowledged within {:?}",
-                    self.producer.in_flight_count(),
+                    self.unreported(generation),
                     self.timeout
                 )));
             }
@@ -264,17 +325,20 @@ impl Delivery {
         Ok(())
     }
 
-    /// Commits everything sent so far together with the input `offsets`.
+    /// Commits the sealed `generation` together with the input `offsets`.
     ///
-    /// Under exactly-once, outputs and offsets commit in one transaction; else
-    /// outputs are flushed here and the caller commits offsets afterwards.
+    /// Under exactly-once, outputs and offsets commit in one transaction (the
+    /// caller sends nothing of the next generation before this returns);
+    /// else the generation is flushed here and the caller commits offsets
+    /// afterwards.
     pub fn commit(
         &mut self,
+        generation: Generation,
         offsets: &TopicPartitionList,
         group: Option<&ConsumerGroupMetadata>,
         phases: &mut PhaseTimes,
     ) -> Result<(), CommitError> {
-        let result = self.try_commit(offsets, group, phases);
+        let result = self.try_commit(generation, offsets, group, phases);
         if result.is_err() {
             self.send_failure = None;
             self.replace_if_fatal()?;
@@ -284,6 +348,7 @@ impl Delivery {
 
     fn try_commit(
         &mut self,
+        generation: Generation,
         offsets: &TopicPartitionList,
         group: Option<&ConsumerGroupMetadata>,
         phases: &mut PhaseTimes,
@@ -297,7 +362,7 @@ impl Delivery {
         }
         if !self.transactional {
             let started = Instant::now();
-            let flushed = self.flush();
+            let flushed = self.flush(generation);
             phases.lap(Phase::CommitFlush, started);
             return flushed;
         }
@@ -309,7 +374,7 @@ impl Delivery {
             self.in_transaction = true;
         }
         let started = Instant::now();
-        let result = self.flush().and_then(|()| {
+        let result = self.flush(generation).and_then(|()| {
             let flushed = phases.lap(Phase::CommitFlush, started);
             if offsets.count() > 0 {
                 let group = group.ok_or_else(|| {
@@ -378,7 +443,8 @@ impl Delivery {
 
     /// Flushes what is queued, for shutdown.
     pub fn close(&mut self) {
-        if let Err(error) = self.flush() {
+        let generation = self.seal();
+        if let Err(error) = self.flush(generation) {
             tracing::warn!(%error, "producer did not flush before shutdown");
         }
     }

@@ -35,6 +35,7 @@ impl Restorer {
             .set("isolation.level", "read_committed")
             .set("enable.partition.eof", "false")
             .set("fetch.max.bytes", "52428800");
+        crate::startup::prefetch_eagerly(&mut config);
         let consumer = config
             .create()
             .map_err(|e| anyhow::anyhow!("cannot create the restore consumer: {e}"))?;

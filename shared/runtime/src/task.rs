@@ -298,7 +298,7 @@ impl<P: Processor> Task<P> {
         self.buffers.iter_mut().for_each(VecDeque::clear);
         self.blocked_since = None;
         self.announced = None;
-        self.store.discard_overlay();
+        self.store.discard_uncommitted();
         self.counters.clear();
         self.load(now)
     }

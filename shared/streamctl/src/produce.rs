@@ -131,8 +131,10 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
             tag: UNTRACKED,
         });
     }
+    let everything = delivery.seal();
     delivery
         .commit(
+            everything,
             &rdkafka::TopicPartitionList::new(),
             None,
             &mut streams_runtime::metrics::PhaseTimes::default(),

@@ -2,6 +2,11 @@
 //! announcements, clocks and input positions staged into state, changelog
 //! records), and what follows its outcome (local state applied, or every
 //! task rolled back). The transaction itself is the caller's.
+//!
+//! [`Engine::prepare_commit`] seals the work done so far; processing may go
+//! on while the caller commits it, and the outcome is reported with
+//! [`Engine::commit_succeeded`] or [`Engine::roll_back`] (which also drops
+//! the work done since the seal). One commit is in flight at a time.
 
 use std::time::Instant;
 
@@ -88,12 +93,13 @@ impl<P: Processor> Engine<P> {
         }
     }
 
-    /// Collects everything that goes out with a commit — the completions of
-    /// every job still running (waited for), announcements, and
-    /// every uncommitted state change as a changelog record, with the
-    /// clocks and input positions staged into state first — and returns the
-    /// input positions to commit with it.
+    /// Seals the work done so far and collects everything that goes out with
+    /// it — the completions of every job still running (waited for),
+    /// announcements, and every uncommitted state change as a changelog
+    /// record, with the clocks and input positions staged into state first —
+    /// and returns the input positions to commit with it.
     pub fn prepare_commit(&mut self) -> anyhow::Result<Vec<Position>> {
+        self.last_commit = self.clock.now().instant;
         self.finish_jobs()?;
         self.announce_source_watermarks();
         self.announce_task_watermarks();
@@ -105,12 +111,16 @@ impl<P: Processor> Engine<P> {
                     task.stage_position(&subscription_info.topic, *next);
                 }
             }
+            task.store.seal();
+            for (name, count) in std::mem::take(&mut task.counters) {
+                *self.sealed_counters.entry(name).or_default() += count;
+            }
             for (store, topic) in self.side.changelogs.iter().enumerate() {
                 let changelog = ChangelogPartition {
                     store,
                     partition: task.partition,
                 };
-                for (key, value) in task.store.uncommitted(store) {
+                for (key, value) in task.store.sealed(store) {
                     self.collector.push_changelog(*topic, changelog, key, value);
                 }
             }
@@ -122,8 +132,8 @@ impl<P: Processor> Engine<P> {
             .collect())
     }
 
-    /// The commit went through: local state takes the committed changes,
-    /// each store noting the changelog offset it reaches (`checkpoint`).
+    /// The sealed commit went through: local state takes its changes, each
+    /// store noting the changelog offset it reaches (`checkpoint`).
     pub fn commit_succeeded(
         &mut self,
         checkpoint: impl Fn(ChangelogPartition) -> Option<i64>,
@@ -139,17 +149,18 @@ impl<P: Processor> Engine<P> {
                     .map(|offset| (store, offset))
                 })
                 .collect();
-            task.store.apply_overlay(&checkpoints)?;
-            for (name, count) in std::mem::take(&mut task.counters) {
-                *self.counters.processor.entry(name).or_default() += count;
-            }
+            task.store.apply_sealed(&checkpoints)?;
+        }
+        for (name, count) in std::mem::take(&mut self.sealed_counters) {
+            *self.counters.processor.entry(name).or_default() += count;
         }
         self.counters.commits += 1;
         Ok(())
     }
 
     /// The commit failed, or the work since it is to be dropped: every task
-    /// returns to its last committed state. The caller rewinds the inputs.
+    /// returns to its last committed state, dropping the sealed work and
+    /// what came after it. The caller rewinds the inputs.
     pub fn roll_back(&mut self) -> anyhow::Result<()> {
         let now = self.clock.now();
         for task in self.tasks.values_mut() {
@@ -157,13 +168,13 @@ impl<P: Processor> Engine<P> {
         }
         self.upstream.clear();
         self.positions.clear();
+        self.sealed_counters.clear();
         self.collector.discard();
         Ok(())
     }
 
-    /// Notes the end of a commit that began at `started`.
+    /// Notes the end of a commit that began (was sealed) at `started`.
     pub fn commit_finished(&mut self, started: Instant) {
         self.counters.commit_seconds += started.elapsed().as_secs_f64();
-        self.last_commit = self.clock.now().instant;
     }
 }

@@ -8,6 +8,14 @@
 //! input offsets together — one Kafka transaction under exactly-once — and
 //! then applies the changes to RocksDB.
 //!
+//! A commit does not stop processing while its records are being
+//! acknowledged (the longest part of it): the engine seals the work so far,
+//! the thread goes on processing, and the commit finishes — offsets sent,
+//! transaction committed, state applied — once the sealed records are
+//! acknowledged. Under exactly-once the records of the work after the seal
+//! wait in the collector meanwhile (they belong to the next transaction);
+//! under at-least-once they go out at once.
+//!
 //! Rebalances arrive as consumer callbacks on the same thread (inside `poll`),
 //! which is why the stage lives in the consumer context behind a mutex that
 //! is never held across `poll`.
@@ -25,7 +33,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use super::{Engine, Incoming};
 use crate::collector::{ChangelogPartition, Headers, RecordView};
 use crate::config::ProcessingGuarantee;
-use crate::delivery::{CommitError, Delivery, Outgoing, UNTRACKED};
+use crate::delivery::{CommitError, Delivery, Generation, Outgoing, UNTRACKED};
 use crate::metrics::{Phase, PhaseTimes, StageMetrics};
 use crate::processor::Processor;
 use crate::restore::Restorer;
@@ -50,7 +58,20 @@ pub(crate) struct KafkaStage<P: Processor> {
     pub incomplete: BTreeSet<i32>,
     /// An error raised inside a rebalance callback, surfaced by the loop.
     pub fatal: Option<anyhow::Error>,
+    /// The sealed commit whose records are being acknowledged.
+    pub in_flight: Option<SealedCommit>,
 }
+
+/// A commit sealed and sent, to finish once its records are acknowledged.
+pub(crate) struct SealedCommit {
+    generation: Generation,
+    offsets: TopicPartitionList,
+    sealed_at: Instant,
+}
+
+/// Bytes of held outputs (exactly-once, a commit in flight) past which the
+/// thread stops processing and waits for the commit.
+const MAX_HELD_BYTES: usize = 64 << 20;
 
 /// The consumer context: rebalance callbacks reach the stage through it.
 pub(crate) struct StageContext<P: Processor> {
@@ -137,8 +158,12 @@ impl<P: Processor> KafkaStage<P> {
         Ok(())
     }
 
-    /// Moves everything the engine collected into the producer's queue.
+    /// Moves everything the engine collected into the producer's queue,
+    /// unless it belongs to the transaction after the one in flight.
     fn send_collected(&mut self) {
+        if self.in_flight.is_some() && self.delivery.is_transactional() {
+            return;
+        }
         let delivery = &mut self.delivery;
         self.engine.collector.drain(|record| {
             delivery.send(Outgoing {
@@ -154,26 +179,45 @@ impl<P: Processor> KafkaStage<P> {
         });
     }
 
-    /// Serves delivery reports, lets time act, and commits when the interval
-    /// has passed.
+    /// Serves delivery reports, lets time act, finishes the commit in flight
+    /// if its records are acknowledged, and seals the next one when the
+    /// interval has passed.
     pub fn tick(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let started = Instant::now();
         self.delivery.poll();
         self.engine.tick()?;
         self.send_collected();
         self.phases.lap(Phase::Process, started);
-        if self.engine.commit_due() {
-            self.commit(consumer)?;
+        self.try_finish_commit(consumer)?;
+        if self.in_flight.is_none() && self.engine.commit_due() {
+            self.seal_commit(consumer)?;
         }
         Ok(())
     }
 
-    /// Commits outputs, state changes and input offsets together.
+    /// Whether the loop should stop taking records and call [`Self::tick`]:
+    /// a commit is due, or held outputs have grown past their bound.
+    pub fn wants_tick(&self) -> bool {
+        match self.in_flight {
+            None => self.engine.commit_due(),
+            Some(_) => self.engine.collector.held_bytes() > MAX_HELD_BYTES,
+        }
+    }
+
+    /// Commits everything processed so far and waits for the outcome.
     pub fn commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
-        let started = Instant::now();
+        self.finish_commit(consumer)?;
+        self.seal_commit(consumer)?;
+        self.finish_commit(consumer)
+    }
+
+    /// Seals the work done so far and sends it: its changelog records and
+    /// announcements go out; the commit finishes later.
+    fn seal_commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let sealed_at = Instant::now();
         let positions = self.engine.prepare_commit()?;
         self.send_collected();
-        self.phases.lap(Phase::CommitPrepare, started);
+        let generation = self.delivery.seal();
         let mut offsets = TopicPartitionList::new();
         for (subscription, partition, next) in positions {
             offsets.add_partition_offset(
@@ -182,17 +226,52 @@ impl<P: Processor> KafkaStage<P> {
                 Offset::Offset(next),
             )?;
         }
+        self.in_flight = Some(SealedCommit {
+            generation,
+            offsets,
+            sealed_at,
+        });
+        self.phases.lap(Phase::CommitPrepare, sealed_at);
+        // Nothing to wait for: finish at once (an idle stage, say).
+        self.try_finish_commit(consumer)
+    }
+
+    /// Finishes the commit in flight if its records are all acknowledged,
+    /// or if held outputs have grown past their bound (waiting then).
+    fn try_finish_commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let Some(sealed) = &self.in_flight else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let ready = self.delivery.is_acknowledged(sealed.generation)
+            || self.engine.collector.held_bytes() > MAX_HELD_BYTES;
+        self.phases.lap(Phase::CommitFlush, started);
+        if ready {
+            self.finish_commit(consumer)?;
+        }
+        Ok(())
+    }
+
+    /// Finishes the commit in flight, if any, waiting for its records:
+    /// offsets and transaction committed, state applied, held outputs sent
+    /// (in the next transaction); or, if it fails, everything since the last
+    /// good commit rolled back.
+    fn finish_commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let Some(sealed) = self.in_flight.take() else {
+            return Ok(());
+        };
+        let offsets = &sealed.offsets;
         let group = consumer.group_metadata();
         let result = self
             .delivery
-            .commit(&offsets, group.as_ref(), &mut self.phases)
+            .commit(sealed.generation, offsets, group.as_ref(), &mut self.phases)
             .and_then(|()| {
                 if self.delivery.is_transactional() || offsets.count() == 0 {
                     return Ok(());
                 }
                 let started = Instant::now();
                 let committed = consumer
-                    .commit(&offsets, CommitMode::Sync)
+                    .commit(offsets, CommitMode::Sync)
                     .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")));
                 self.phases.lap(Phase::CommitOffsets, started);
                 committed
@@ -205,6 +284,7 @@ impl<P: Processor> KafkaStage<P> {
                     delivered.get(&changelog.delivery_tag()).copied()
                 })?;
                 self.phases.lap(Phase::CommitApply, applying);
+                self.send_collected();
             }
             Err(CommitError::Aborted(reason)) => {
                 tracing::warn!(%reason, "commit aborted; rolling back to the last commit");
@@ -213,7 +293,7 @@ impl<P: Processor> KafkaStage<P> {
             }
             Err(fatal @ CommitError::Fatal(_)) => return Err(fatal.into()),
         }
-        self.engine.commit_finished(started);
+        self.engine.commit_finished(sealed.sealed_at);
         self.publish_metrics();
         Ok(())
     }
@@ -516,8 +596,15 @@ fn process_until_shutdown<P: Processor>(
 ) -> anyhow::Result<()> {
     let mut last_poll_error = None::<Instant>;
     while !shutdown.load(Ordering::Relaxed) {
-        // Wait briefly for the first record, then take what is already there.
-        let mut timeout = Duration::from_millis(20);
+        // Wait briefly for the first record, then take what is already there;
+        // with a commit in flight, only as long as its acknowledgement takes.
+        let committing = {
+            let guard = consumer.context().stage.lock().unwrap();
+            guard
+                .as_ref()
+                .is_some_and(|stage| stage.in_flight.is_some())
+        };
+        let mut timeout = Duration::from_millis(if committing { 1 } else { 20 });
         let mut polling = Duration::ZERO;
         for _ in 0..MAX_BATCH {
             let poll_started = Instant::now();
@@ -546,7 +633,7 @@ fn process_until_shutdown<P: Processor>(
                     break;
                 }
             }
-            if stage.engine.commit_due() {
+            if stage.wants_tick() {
                 break;
             }
         }

@@ -167,6 +167,8 @@ pub(crate) struct Engine<P: Processor> {
     /// By (input slot, source partition).
     upstream: FxHashMap<(usize, i32), UpstreamClock>,
     pub(crate) counters: EngineCounters,
+    /// Processor counters of the sealed commit, counted once it succeeds.
+    sealed_counters: BTreeMap<&'static str, u64>,
     clock: Clock,
     last_commit: Instant,
     shutdown: Arc<AtomicBool>,
@@ -212,6 +214,7 @@ impl<P: Processor> Engine<P> {
             skip_below: FxHashMap::default(),
             upstream: FxHashMap::default(),
             counters,
+            sealed_counters: BTreeMap::new(),
             clock: parts.clock,
             last_commit,
             shutdown: parts.shutdown,

@@ -9,7 +9,12 @@
 //! a restart only replays the changelog past the stored checkpoint (what KIP-892
 //! is about in Kafka Streams).
 //!
-//! The overlay is sorted, so that scans merge it with RocksDB in key order.
+//! A commit seals the overlay and opens a fresh one: processing goes on
+//! into the new overlay while the sealed changes are being committed, and
+//! reads see the new overlay, then the sealed one, then RocksDB. Only one
+//! commit is in flight at a time, so two layers are enough.
+//!
+//! Overlays are sorted, so that scans merge them with RocksDB in key order.
 
 use std::collections::BTreeMap;
 
@@ -132,7 +137,10 @@ pub struct TaskStore {
     db: DB,
     path: PathBuf,
     names: Vec<String>,
+    /// Changes since the last seal, per store.
     overlay: Vec<Overlay>,
+    /// Changes of the commit in flight, per store.
+    sealed: Vec<Overlay>,
     cache: ReadCache,
 }
 
@@ -158,6 +166,7 @@ impl TaskStore {
             path: path.to_path_buf(),
             names: names.to_vec(),
             overlay: vec![Overlay::new(); names.len()],
+            sealed: vec![Overlay::new(); names.len()],
             cache: ReadCache::new(names.len()),
         })
     }
@@ -184,14 +193,18 @@ impl TaskStore {
     }
 
     /// Calls `read` with the current value of `key`, if there is one:
-    /// uncommitted changes first, then the read cache, then RocksDB.
+    /// uncommitted changes first (newest layer first), then the read cache,
+    /// then RocksDB.
     pub fn read<R>(
         &mut self,
         store: StoreIndex,
         key: &[u8],
         read: impl FnOnce(&[u8]) -> R,
     ) -> anyhow::Result<Option<R>> {
-        if let Some(change) = self.overlay[store].get(key) {
+        if let Some(change) = self.overlay[store]
+            .get(key)
+            .or_else(|| self.sealed[store].get(key))
+        {
             return Ok(change.as_deref().map(read));
         }
         if let Some(cached) = self.cache.get(store, key) {
@@ -206,17 +219,18 @@ impl TaskStore {
         Ok(result)
     }
 
-    /// Sets `key` to `value` (uncommitted until [`TaskStore::apply_overlay`]).
+    /// Sets `key` to `value` (uncommitted until sealed and applied).
     pub fn put(&mut self, store: StoreIndex, key: Vec<u8>, value: Vec<u8>) {
         self.overlay[store].insert(key, Some(value));
     }
 
-    /// Deletes `key` (uncommitted until [`TaskStore::apply_overlay`]).
+    /// Deletes `key` (uncommitted until sealed and applied).
     pub fn delete(&mut self, store: StoreIndex, key: Vec<u8>) {
         self.overlay[store].insert(key, None);
     }
 
-    /// All entries whose key starts with `prefix`, in key order, overlay included.
+    /// All entries whose key starts with `prefix`, in key order, uncommitted
+    /// changes included.
     pub fn scan_prefix(
         &self,
         store: StoreIndex,
@@ -241,40 +255,43 @@ impl TaskStore {
             }
             merged.insert(key.into_vec(), value.into_vec());
         }
-        for (key, change) in self.overlay[store].range(prefix.to_vec()..) {
-            if !key.starts_with(prefix) {
-                break;
+        for layer in [&self.sealed[store], &self.overlay[store]] {
+            for (key, change) in layer.range(prefix.to_vec()..) {
+                if !key.starts_with(prefix) {
+                    break;
+                }
+                match change {
+                    Some(value) => merged.insert(key.clone(), value.clone()),
+                    None => merged.remove(key),
+                };
             }
-            match change {
-                Some(value) => merged.insert(key.clone(), value.clone()),
-                None => merged.remove(key),
-            };
         }
         Ok(merged.into_iter().collect())
     }
 
-    /// Whether any change is waiting to be committed.
-    pub fn has_uncommitted(&self) -> bool {
-        self.overlay.iter().any(|changes| !changes.is_empty())
+    /// Seals the changes made so far for a commit; later changes go to a
+    /// fresh overlay. The previous commit must have been applied or
+    /// discarded.
+    pub fn seal(&mut self) {
+        debug_assert!(
+            self.sealed.iter().all(BTreeMap::is_empty),
+            "one commit in flight at a time"
+        );
+        std::mem::swap(&mut self.overlay, &mut self.sealed);
     }
 
-    /// The uncommitted changes of `store`, in key order.
-    pub fn uncommitted(&self, store: StoreIndex) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
-        self.overlay[store]
+    /// The sealed changes of `store`, in key order.
+    pub fn sealed(&self, store: StoreIndex) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.sealed[store]
             .iter()
             .map(|(key, value)| (key.as_slice(), value.as_deref()))
     }
 
-    /// Number of uncommitted changes across all stores.
-    pub fn uncommitted_len(&self) -> usize {
-        self.overlay.iter().map(BTreeMap::len).sum()
-    }
-
-    /// Applies the overlay to RocksDB in one batch, with the changelog offset
-    /// each changed store has reached, and clears it.
-    pub fn apply_overlay(&mut self, checkpoints: &[(StoreIndex, i64)]) -> anyhow::Result<()> {
+    /// Applies the sealed changes to RocksDB in one batch, with the changelog
+    /// offset each changed store has reached, and clears them.
+    pub fn apply_sealed(&mut self, checkpoints: &[(StoreIndex, i64)]) -> anyhow::Result<()> {
         let mut batch = WriteBatch::default();
-        for (store, changes) in self.overlay.iter().enumerate() {
+        for (store, changes) in self.sealed.iter().enumerate() {
             let family = self.family(store);
             for (key, change) in changes {
                 match change {
@@ -293,7 +310,7 @@ impl TaskStore {
         }
         self.db.write(batch)?;
         // What was just written is what will be read next: keep it cached.
-        for (store, changes) in self.overlay.iter_mut().enumerate() {
+        for (store, changes) in self.sealed.iter_mut().enumerate() {
             for (key, value) in std::mem::take(changes) {
                 self.cache.insert(store, key, value);
             }
@@ -301,9 +318,11 @@ impl TaskStore {
         Ok(())
     }
 
-    /// Drops every uncommitted change: the task is back at its last commit.
-    pub fn discard_overlay(&mut self) {
+    /// Drops every uncommitted change, sealed or not: the task is back at
+    /// its last commit.
+    pub fn discard_uncommitted(&mut self) {
         self.overlay.iter_mut().for_each(BTreeMap::clear);
+        self.sealed.iter_mut().for_each(BTreeMap::clear);
     }
 
     /// The last changelog offset applied locally for `store`, if any.
@@ -413,16 +432,24 @@ mod tests {
     }
 
     #[test]
-    fn overlay_shadows_rocksdb_until_applied_or_discarded() {
+    fn uncommitted_layers_shadow_rocksdb_until_applied_or_discarded() {
         let (mut store, dir) = temp_store(&["a"]);
         store.put(0, b"k".to_vec(), b"1".to_vec());
-        store.apply_overlay(&[(0, 7)]).unwrap();
+        store.seal();
+        store.apply_sealed(&[(0, 7)]).unwrap();
         store.put(0, b"k".to_vec(), b"2".to_vec());
         assert_eq!(
             store.read(0, b"k", |v| v.to_vec()).unwrap(),
             Some(b"2".to_vec())
         );
-        store.discard_overlay();
+        store.seal();
+        store.put(0, b"k".to_vec(), b"3".to_vec());
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"3".to_vec()),
+            "changes after the seal shadow the sealed ones"
+        );
+        store.discard_uncommitted();
         assert_eq!(
             store.read(0, b"k", |v| v.to_vec()).unwrap(),
             Some(b"1".to_vec())
@@ -458,16 +485,21 @@ mod tests {
         store.put(0, b"p1".to_vec(), b"a".to_vec());
         store.put(0, b"p3".to_vec(), b"c".to_vec());
         store.put(0, b"q1".to_vec(), b"x".to_vec());
-        store.apply_overlay(&[]).unwrap();
+        store.seal();
+        store.apply_sealed(&[]).unwrap();
         store.put(0, b"p2".to_vec(), b"b".to_vec());
+        store.put(0, b"p4".to_vec(), b"d".to_vec());
+        store.seal();
         store.delete(0, b"p3".to_vec());
+        store.delete(0, b"p4".to_vec());
+        store.put(0, b"p5".to_vec(), b"e".to_vec());
         let keys: Vec<_> = store
             .scan_prefix(0, b"p")
             .unwrap()
             .into_iter()
             .map(|(k, _)| String::from_utf8(k).unwrap())
             .collect();
-        assert_eq!(keys, ["p1", "p2"]);
+        assert_eq!(keys, ["p1", "p2", "p5"]);
         drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
