@@ -606,10 +606,14 @@ fn process_until_shutdown<P: Processor>(
         };
         let mut timeout = Duration::from_millis(if committing { 1 } else { 20 });
         let mut polling = Duration::ZERO;
+        // One clock read per phase change: the end of a poll starts the
+        // processing, the end of the processing starts the next poll.
+        let mut poll_started = Instant::now();
         for _ in 0..MAX_BATCH {
-            let poll_started = Instant::now();
             let polled = consumer.poll(timeout);
-            polling += poll_started.elapsed();
+            let polled_at = Instant::now();
+            polling += polled_at.saturating_duration_since(poll_started);
+            poll_started = polled_at;
             let Some(polled) = polled else {
                 break;
             };
@@ -621,9 +625,8 @@ fn process_until_shutdown<P: Processor>(
             }
             match polled {
                 Ok(message) => {
-                    let started = Instant::now();
                     stage.handle(&message)?;
-                    stage.phases.lap(Phase::Process, started);
+                    poll_started = stage.phases.lap(Phase::Process, polled_at);
                 }
                 Err(error) => {
                     if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
