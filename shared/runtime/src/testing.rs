@@ -108,7 +108,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::avro::json::{format_line, parse_line};
+use crate::avro::json::{format_line, parse_value};
 use crate::avro::{split_wire_format, AvroEncoder, Registry};
 use crate::clock::{Clock, ManualTime};
 use crate::collector::Headers;
@@ -391,9 +391,17 @@ pub(crate) struct DriverEnv {
     partitions: HashMap<String, usize>,
     default_partitions: usize,
     link_writers: HashMap<&'static str, usize>,
-    /// Reader schemas of the input topics, for piping JSON.
-    input_schemas: HashMap<String, &'static apache_avro::Schema>,
+    /// The input topics, for piping JSON.
+    inputs: HashMap<String, InputTopic>,
     args: crate::RuntimeArgs,
+}
+
+/// How [`TestDriver::pipe`] writes JSON to one input topic: with the topic's
+/// reader schema, registered (and its encoder built) at the first record,
+/// not at every one.
+struct InputTopic {
+    schema: &'static apache_avro::Schema,
+    encoder: Option<AvroEncoder>,
 }
 
 /// Builds one stage of a pipeline for the driver (see `app.rs`).
@@ -412,7 +420,11 @@ pub(crate) fn driver_stage<P: Processor>(
         resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
     for (input, source) in topology.inputs.iter().zip(&sources) {
         if let Source::Topic(topic) = &input.source {
-            env.input_schemas.insert(topic.clone(), input.schema);
+            let input = InputTopic {
+                schema: input.schema,
+                encoder: None,
+            };
+            env.inputs.insert(topic.clone(), input);
         }
         let default = env.default_partitions;
         env.partitions
@@ -522,7 +534,7 @@ impl TestDriverBuilder {
             partitions: self.partitions,
             default_partitions: self.default_partitions,
             link_writers: HashMap::new(),
-            input_schemas: HashMap::new(),
+            inputs: HashMap::new(),
             args,
         };
         let mut stages = Vec::with_capacity(specs.len());
@@ -545,7 +557,7 @@ impl TestDriverBuilder {
             stages,
             topics,
             registry: env.registry,
-            input_schemas: env.input_schemas,
+            inputs: env.inputs,
             time,
             dir: TempDir(dir),
             sequence: 0,
@@ -569,7 +581,7 @@ pub struct TestDriver {
     stages: Vec<Box<dyn DriverStage>>,
     topics: BTreeMap<String, MemoryTopic>,
     registry: Registry,
-    input_schemas: HashMap<String, &'static apache_avro::Schema>,
+    inputs: HashMap<String, InputTopic>,
     time: Arc<ManualTime>,
     dir: TempDir,
     /// Global append order.
@@ -600,6 +612,13 @@ impl TestDriver {
         &self.dir.0
     }
 
+    /// The in-memory schema registry the stages read and write with: a test
+    /// can register another writer schema here and [`pipe_raw`](Self::pipe_raw)
+    /// records written with it.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// Pipes a record whose value is `value` (JSON as in the fixtures,
     /// written with the topic's reader schema) to `topic`, to the partition
     /// its key hashes to (murmur2, as the Java producer; keyless: 0), and
@@ -622,17 +641,22 @@ impl TestDriver {
         key: Option<&str>,
         value: serde_json::Value,
     ) -> anyhow::Result<()> {
-        let schema = *self
-            .input_schemas
-            .get(topic)
+        let input = self
+            .inputs
+            .get_mut(topic)
             .ok_or_else(|| anyhow::anyhow!("{topic} is not an input topic of this pipeline"))?;
-        let line = serde_json::json!({"key": key, "value": value}).to_string();
-        let parsed = parse_line(&line, schema)?;
-        let id = self
-            .registry
-            .register(&format!("{topic}-value"), &schema.canonical_form())?;
+        let value = parse_value(value, input.schema)?;
+        let encoder = match &mut input.encoder {
+            Some(encoder) => encoder,
+            None => {
+                let id = self
+                    .registry
+                    .register(&format!("{topic}-value"), &input.schema.canonical_form())?;
+                input.encoder.insert(AvroEncoder::new(input.schema, id)?)
+            }
+        };
         let mut bytes = Vec::new();
-        AvroEncoder::new(schema, id)?.encode_value(parsed.value, &mut bytes)?;
+        encoder.encode_value(value, &mut bytes)?;
         self.pipe_raw(topic, partition, key.map(str::as_bytes), Some(&bytes))
     }
 

@@ -104,6 +104,8 @@ struct RegistryInner {
     ids_by_text: Mutex<HashMap<String, u32>>,
     /// Schema texts parsed (see [`Registry::schemas_parsed`]).
     schemas_parsed: AtomicUsize,
+    /// See [`Registry::requests`].
+    requests: AtomicUsize,
 }
 
 /// A registry call that failed.
@@ -134,6 +136,7 @@ impl Registry {
                 schemas_by_id: Mutex::new(HashMap::new()),
                 ids_by_text: Mutex::new(HashMap::new()),
                 schemas_parsed: AtomicUsize::new(0),
+                requests: AtomicUsize::new(0),
             }),
         })
     }
@@ -149,6 +152,7 @@ impl Registry {
                 schemas_by_id: Mutex::new(HashMap::new()),
                 ids_by_text: Mutex::new(HashMap::new()),
                 schemas_parsed: AtomicUsize::new(0),
+                requests: AtomicUsize::new(0),
             }),
         }
     }
@@ -164,6 +168,13 @@ impl Registry {
     /// life of the process, so this must not grow with the records.
     pub fn schemas_parsed(&self) -> usize {
         self.inner.schemas_parsed.load(Ordering::Relaxed)
+    }
+
+    /// How many registrations, and lookups by id not answered from the
+    /// cache, this registry has served: each is a round trip to a remote
+    /// registry, so this must not grow with the records either.
+    pub fn requests(&self) -> usize {
+        self.inner.requests.load(Ordering::Relaxed)
     }
 
     fn classify(&self, error: schema_registry_converter::error::SRCError) -> RegistryError {
@@ -191,6 +202,7 @@ impl Registry {
         if let Some(schema) = self.inner.schemas_by_id.lock().unwrap().get(&id) {
             return Ok(schema);
         }
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         let Some((settings, runtime)) = &self.inner.remote else {
             return Err(RegistryError::NotFound(format!("schema id {id}")));
         };
@@ -207,6 +219,7 @@ impl Registry {
     /// Registers `schema_json` under `subject` (or finds it already there) and
     /// returns its id. An incompatible change is [`RegistryError::Rejected`].
     pub fn register(&self, subject: &str, schema_json: &str) -> Result<u32, RegistryError> {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         let Some((settings, runtime)) = &self.inner.remote else {
             return self.register_in_memory(schema_json);
         };
