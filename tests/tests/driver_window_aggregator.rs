@@ -773,4 +773,11 @@ fn piping_json_registers_the_input_schema_once() {
         .collect();
     assert_eq!(ids.len(), orders.len());
     assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    // The topic's schema as written, so that the stage reads with its reader
+    // schema directly rather than resolving the writer's into it.
+    let input_schema = std::fs::read_to_string(e2e_tests::schema(INPUT)).unwrap();
+    assert_eq!(
+        registry.schema_by_id(ids[0]).unwrap().canonical_form(),
+        leak_schema(&input_schema).unwrap().canonical_form()
+    );
 }

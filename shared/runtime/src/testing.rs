@@ -649,9 +649,14 @@ impl TestDriver {
         let encoder = match &mut input.encoder {
             Some(encoder) => encoder,
             None => {
+                // As written, logical types included (the canonical form
+                // drops them): a producer registers the topic's schema file,
+                // so the stages read piped records with the writer schema
+                // equal to their reader schema, as in production.
+                let written = serde_json::to_string(input.schema)?;
                 let id = self
                     .registry
-                    .register(&format!("{topic}-value"), &input.schema.canonical_form())?;
+                    .register(&format!("{topic}-value"), &written)?;
                 input.encoder.insert(AvroEncoder::new(input.schema, id)?)
             }
         };
