@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use e2e_tests::driver::{driver, lines, settings, settle};
-use e2e_tests::fixture;
+use e2e_tests::{assert_same_records, fixture};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sensor_fusion::Settings;
@@ -825,34 +825,6 @@ impl FastPipe {
     }
 }
 
-/// Asserts that two lists hold the same records in any order (each record
-/// serialized once: fast on tens of thousands of rows).
-fn assert_same_rows(actual: &[Value], expected: &[Value], context: &str) {
-    let text = |rows: &[Value]| {
-        let mut rows: Vec<String> = rows.iter().map(Value::to_string).collect();
-        rows.sort();
-        rows
-    };
-    let (actual, expected) = (text(actual), text(expected));
-    if actual != expected {
-        let missing: Vec<&String> = expected
-            .iter()
-            .filter(|e| actual.binary_search(e).is_err())
-            .take(3)
-            .collect();
-        let unexpected: Vec<&String> = actual
-            .iter()
-            .filter(|a| expected.binary_search(a).is_err())
-            .take(3)
-            .collect();
-        panic!(
-            "{} rows, {} expected ({context})\nmissing (first 3): {missing:#?}\nunexpected (first 3): {unexpected:#?}",
-            actual.len(),
-            expected.len()
-        );
-    }
-}
-
 /// 2,000 machines (ten times the end-to-end test of old), four windows
 /// each, over 4 partitions; the two topics interleaved at random and
 /// processed now merged, now live. Watermark mode does not depend on the
@@ -897,11 +869,11 @@ fn two_thousand_machines_over_four_partitions_match_a_model_of_the_rules() {
         .iter()
         .map(|(t, m, v)| temperature(m, *v, *t))
         .collect();
-    assert_same_rows(&input, &generated, &context);
+    assert_same_records(&input, &generated, &context);
 
     let output = driver.read(OUTPUT).unwrap();
     let rows: Vec<Value> = output.iter().map(|r| r.to_json()).collect();
-    assert_same_rows(&rows, &expected, &context);
+    assert_same_records(&rows, &expected, &context);
     // Each verdict on its key's partition, and within a partition in order
     // of window end, then machine id bytes.
     let mut previous: BTreeMap<i32, (i64, String)> = BTreeMap::new();

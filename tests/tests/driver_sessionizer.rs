@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use e2e_tests::driver::{driver, lines, pipe_all, settings, settle};
-use e2e_tests::fixture;
 use e2e_tests::sessions::{event, generate_with, session};
+use e2e_tests::{assert_same_records, fixture};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -41,34 +41,6 @@ fn send_to(driver: &mut TestDriver, partition: i32, events: &[Value]) {
                 line["value"].clone(),
             )
             .expect("pipe");
-    }
-}
-
-/// Asserts that two lists hold the same records in any order (each record
-/// serialized once: fast on tens of thousands of rows).
-fn assert_same_rows(actual: &[Value], expected: &[Value], context: &str) {
-    let text = |rows: &[Value]| {
-        let mut rows: Vec<String> = rows.iter().map(Value::to_string).collect();
-        rows.sort();
-        rows
-    };
-    let (actual, expected) = (text(actual), text(expected));
-    if actual != expected {
-        let missing: Vec<&String> = expected
-            .iter()
-            .filter(|e| actual.binary_search(e).is_err())
-            .take(3)
-            .collect();
-        let unexpected: Vec<&String> = actual
-            .iter()
-            .filter(|a| expected.binary_search(a).is_err())
-            .take(3)
-            .collect();
-        panic!(
-            "{} rows, {} expected ({context})\nmissing (first 3): {missing:#?}\nunexpected (first 3): {unexpected:#?}",
-            actual.len(),
-            expected.len()
-        );
     }
 }
 
@@ -435,7 +407,7 @@ fn ten_thousand_users_over_four_partitions_match_a_model_of_the_rules() {
         assert_eq!(record.partition, murmur2_partition(key.as_bytes(), 4));
     }
     let output: Vec<Value> = output.iter().map(|r| r.to_json()).collect();
-    assert_same_rows(&output, &expected, &format!("seed {seed}"));
+    assert_same_records(&output, &expected, &format!("seed {seed}"));
     assert_eq!(late(&driver), 0, "seed {seed}");
     assert_eq!(
         processor_events(&driver, "sessions_completed")
@@ -472,7 +444,7 @@ fn crashes_at_random_points_change_no_session() {
         }
     }
     settle(&mut driver);
-    assert_same_rows(&sessions(&driver), &expected, &format!("seed {seed}"));
+    assert_same_records(&sessions(&driver), &expected, &format!("seed {seed}"));
     // Counters count committed work only: each session once.
     assert_eq!(
         processor_events(&driver, "sessions_completed")
