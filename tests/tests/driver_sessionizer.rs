@@ -44,59 +44,6 @@ fn send_to(driver: &mut TestDriver, partition: i32, events: &[Value]) {
     }
 }
 
-/// Appends `n` to `out` as an Avro long (zig-zag varint).
-fn avro_long(out: &mut Vec<u8>, n: i64) {
-    let mut z = ((n << 1) ^ (n >> 63)) as u64;
-    while z >= 0x80 {
-        out.push((z as u8 & 0x7f) | 0x80);
-        z >>= 7;
-    }
-    out.push(z as u8);
-}
-
-/// Pipes `first` with [`TestDriver::pipe`], which registers the schema, and
-/// returns the wire-format header (magic byte, schema id) it was written with.
-fn pipe_registering(driver: &mut TestDriver, first: &Value) -> Vec<u8> {
-    send(driver, std::slice::from_ref(first));
-    let piped = driver.read(INPUT).unwrap();
-    piped.last().unwrap().raw.as_ref().unwrap()[..5].to_vec()
-}
-
-/// Pipes a `user-events` line as wire-format bytes written here, after
-/// `header` (`pipe` registers the schema again for every record, which
-/// dominates tests of tens of thousands of records).
-fn pipe_fast(driver: &mut TestDriver, header: &[u8], line: &Value, partitions: usize) {
-    let value = &line["value"];
-    let mut bytes = header.to_vec();
-    for field in ["user_id", "event_type"] {
-        let text = value[field].as_str().unwrap();
-        avro_long(&mut bytes, text.len() as i64);
-        bytes.extend_from_slice(text.as_bytes());
-    }
-    avro_long(&mut bytes, value["event_time"].as_i64().unwrap());
-    let key = line["key"].as_str().unwrap();
-    let partition = murmur2_partition(key.as_bytes(), partitions);
-    driver
-        .pipe_raw(INPUT, partition, Some(key.as_bytes()), Some(&bytes))
-        .unwrap();
-}
-
-/// Checks that the input topic holds `events` (so that the bytes
-/// [`pipe_fast`] wrote decode to the lines they stand for).
-fn assert_input_is(driver: &TestDriver, events: &[Value], partitions: usize) {
-    let partition =
-        |line: &Value| murmur2_partition(line["key"].as_str().unwrap().as_bytes(), partitions);
-    let mut expected = events.to_vec();
-    expected.sort_by_key(partition);
-    let piped: Vec<Value> = driver
-        .read(INPUT)
-        .unwrap()
-        .iter()
-        .map(|r| r.to_json())
-        .collect();
-    assert_eq!(piped, expected, "the input as piped");
-}
-
 fn sessions(driver: &TestDriver) -> Vec<Value> {
     lines(driver, OUTPUT)
 }
@@ -395,11 +342,7 @@ fn ten_thousand_users_over_four_partitions_match_a_model_of_the_rules() {
     let mut rng = StdRng::seed_from_u64(seed);
     let (input, expected) = generate_with(&mut rng, 10_000, 7, T);
     let mut driver = sessionizer(&[], 4);
-    let header = pipe_registering(&mut driver, &input[0]);
-    for line in &input[1..] {
-        pipe_fast(&mut driver, &header, line, 4);
-    }
-    assert_input_is(&driver, &input, 4);
+    send(&mut driver, &input);
     settle(&mut driver);
     let output = driver.read(OUTPUT).unwrap();
     for record in &output {
@@ -429,9 +372,8 @@ fn crashes_at_random_points_change_no_session() {
     // between commits at random points.
     let mut crash_at: Vec<usize> = (0..4).map(|_| rng.random_range(1..input.len())).collect();
     crash_at.sort_unstable();
-    let header = pipe_registering(&mut driver, &input[0]);
-    for (index, line) in input.iter().enumerate().skip(1) {
-        pipe_fast(&mut driver, &header, line, 4);
+    for (index, line) in input.iter().enumerate() {
+        send(&mut driver, std::slice::from_ref(line));
         if rng.random_range(0..40) == 0 {
             driver.commit().unwrap();
         }

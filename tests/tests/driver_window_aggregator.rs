@@ -12,8 +12,7 @@ use e2e_tests::driver::{driver, lines, pipe_all, settings, settle};
 use e2e_tests::windows::{expect, generate, model, Order, WindowRules};
 use e2e_tests::{assert_same_records, fixture, murmur2_partition};
 use serde_json::{json, Value};
-use streams_runtime::avro::json::parse_line;
-use streams_runtime::avro::{leak_schema, split_wire_format, AvroEncoder};
+use streams_runtime::avro::{leak_schema, split_wire_format};
 use streams_runtime::metrics;
 use streams_runtime::testing::TestDriver;
 use window_aggregator::Settings;
@@ -47,55 +46,6 @@ fn pipe_to(driver: &mut TestDriver, partition: i32, order: &Order) {
 fn pipe_orders(driver: &mut TestDriver, orders: &[Order]) {
     let lines: Vec<Value> = orders.iter().map(Order::line).collect();
     pipe_all(driver, INPUT, &lines);
-}
-
-/// Encodes a record into `bytes` (wire format).
-type Encode = Box<dyn Fn(&Order, &mut Vec<u8>)>;
-
-/// Pipes orders as [`pipe_orders`] does, with the same bytes, but encodes
-/// them itself: `TestDriver::pipe` registers the topic's schema again for
-/// every record (parsing it, and leaking it), which takes most of the time
-/// of tests that pipe tens of thousands.
-struct OrderPipe {
-    encode: Encode,
-    partitions: usize,
-}
-
-impl OrderPipe {
-    /// Pipes `first` with `TestDriver::pipe` to the empty input of
-    /// `partitions` partitions, and takes the schema id from its bytes.
-    fn new(driver: &mut TestDriver, first: &Order, partitions: usize) -> OrderPipe {
-        assert!(driver.read(INPUT).unwrap().is_empty());
-        pipe_orders(driver, std::slice::from_ref(first));
-        let raw = driver.read(INPUT).unwrap()[0].raw.clone().unwrap();
-        let (id, _) = split_wire_format(&raw).unwrap();
-        let schema = std::fs::read_to_string(e2e_tests::schema(INPUT)).unwrap();
-        let schema = leak_schema(&schema).unwrap();
-        let encoder = AvroEncoder::new(schema, id).unwrap();
-        let encode = move |order: &Order, bytes: &mut Vec<u8>| {
-            let line = parse_line(&order.line().to_string(), schema).unwrap();
-            encoder.encode_value(line.value, bytes).unwrap();
-        };
-        let mut bytes = Vec::new();
-        encode(first, &mut bytes);
-        assert_eq!(bytes, raw, "the bytes TestDriver::pipe writes");
-        OrderPipe {
-            encode: Box::new(encode),
-            partitions,
-        }
-    }
-
-    fn pipe(&self, driver: &mut TestDriver, orders: &[Order]) {
-        let mut bytes = Vec::new();
-        for order in orders {
-            (self.encode)(order, &mut bytes);
-            let id = order.order_id.as_bytes();
-            let partition = murmur2_partition(id, self.partitions) as i32;
-            driver
-                .pipe_raw(INPUT, partition, Some(id), Some(&bytes))
-                .unwrap();
-        }
-    }
 }
 
 /// An output row: `group` is the key and the `group` field.
@@ -155,13 +105,11 @@ fn start_with_rules(rules: WindowRules, extra: &[&str]) -> TestDriver {
     start(&all, rules.partitions)
 }
 
-/// Pipes `orders` to an input of `partitions` partitions, advancing the
-/// clock by a commit interval (so committing) every `commit_every` orders,
-/// then settles.
-fn run_orders(driver: &mut TestDriver, orders: &[Order], partitions: usize, commit_every: usize) {
-    let pipe = OrderPipe::new(driver, &orders[0], partitions);
-    for chunk in orders[1..].chunks(commit_every) {
-        pipe.pipe(driver, chunk);
+/// Pipes `orders`, advancing the clock by a commit interval (so
+/// committing) every `commit_every` orders, then settles.
+fn run_orders(driver: &mut TestDriver, orders: &[Order], commit_every: usize) {
+    for chunk in orders.chunks(commit_every) {
+        pipe_orders(driver, chunk);
         driver
             .advance_time(Duration::from_millis(100))
             .expect("advance time");
@@ -627,7 +575,7 @@ fn grouped_windows_come_out_in_end_order_across_groups_when_the_watermark_jumps(
     orders.push(Order::new("far-ahead", Some("x"), 1.0, largest + 600_000));
     let expected = model(&orders, rules);
     let mut driver = start_with_rules(rules, &[]);
-    run_orders(&mut driver, &orders, 1, 500);
+    run_orders(&mut driver, &orders, 500);
     let output = lines(&driver, OUTPUT);
     assert_eq!(output, expected);
     let ends = window_times(&output, "window_end");
@@ -653,7 +601,7 @@ fn global_windows_over_four_partitions_match_a_model_of_the_rules() {
     let expected = expect(&orders, rules);
     assert!(expected.late > 100, "stragglers: {}", expected.late);
     let mut driver = start_with_rules(rules, &[]);
-    run_orders(&mut driver, &orders, 4, 1_000);
+    run_orders(&mut driver, &orders, 1_000);
     let output = lines(&driver, OUTPUT);
     assert!(output.len() > 1_500);
     assert_eq!(output, expected.rows);
@@ -679,7 +627,7 @@ fn grouped_by_customer_over_four_partitions_match_a_model_of_the_rules() {
         "the null customer is a group of its own"
     );
     let mut driver = start_with_rules(rules, &[]);
-    run_orders(&mut driver, &orders, 4, 1_000);
+    run_orders(&mut driver, &orders, 1_000);
     let output = lines(&driver, OUTPUT);
     assert_same_records(&output, &expected.rows, "grouped rows");
     for group in ["customer-0", "customer-7"] {
@@ -710,10 +658,9 @@ fn a_crash_between_the_stages_loses_and_duplicates_nothing() {
     let orders = generate(20_000, 50, T, rules.max_out_of_orderness);
     let expected = expect(&orders, rules);
     let mut driver = start_with_rules(rules, &[]);
-    let pipe = OrderPipe::new(&mut driver, &orders[0], 2);
     let mut crashes = 0;
-    for (chunk_index, chunk) in orders[1..].chunks(700).enumerate() {
-        pipe.pipe(&mut driver, chunk);
+    for (chunk_index, chunk) in orders.chunks(700).enumerate() {
+        pipe_orders(&mut driver, chunk);
         if chunk_index % 4 == 3 {
             let before = lines(&driver, OUTPUT).len();
             if crashes % 2 == 0 {
