@@ -728,3 +728,44 @@ fn piping_json_registers_the_input_schema_once() {
         leak_schema(&input_schema).unwrap().canonical_form()
     );
 }
+
+/// The driver's metrics are the endpoint's: the final stage's series carry
+/// `stage="final"`. A counter sums every series that has the labels asked
+/// for: one topic's, one stage's, or everything.
+#[test]
+fn a_counter_sums_the_series_of_every_stage_and_topic_with_the_labels_asked_for() {
+    let orders = generate(500, 10, T, 0);
+    let mut driver = start(&[], 2);
+    pipe_orders(&mut driver, &orders);
+    settle(&mut driver);
+    let consumed =
+        |labels: &[(&'static str, &str)]| driver.counter(metrics::RECORDS_CONSUMED, labels);
+    let by_final_stage = consumed(&[("stage", "final")]);
+    assert_eq!(consumed(&[("topic", INPUT)]), orders.len() as u64);
+    assert_eq!(consumed(&[("topic", INPUT), ("stage", "final")]), 0);
+    assert!(by_final_stage > 0);
+    assert_eq!(consumed(&[]), orders.len() as u64 + by_final_stage);
+    let rows = lines(&driver, OUTPUT).len() as u64;
+    assert!(rows > 0);
+    assert_eq!(
+        driver.counter(metrics::RECORDS_PRODUCED, &[("topic", OUTPUT)]),
+        rows
+    );
+    // Per-task gauges of the two stages no longer overwrite each other.
+    let timer_gauges: Vec<_> = driver
+        .metrics()
+        .gauges
+        .into_keys()
+        .filter(|(name, _)| *name == metrics::TIMERS_PENDING)
+        .collect();
+    let task = |partition: &str| ("task", partition.to_string());
+    let final_stage = ("stage", "final".to_string());
+    assert_eq!(
+        timer_gauges,
+        [
+            (metrics::TIMERS_PENDING, vec![task("0")]),
+            (metrics::TIMERS_PENDING, vec![task("0"), final_stage]),
+            (metrics::TIMERS_PENDING, vec![task("1")]),
+        ]
+    );
+}

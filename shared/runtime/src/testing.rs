@@ -113,7 +113,7 @@ use crate::avro::{split_wire_format, AvroEncoder, Registry};
 use crate::clock::{Clock, ManualTime};
 use crate::collector::Headers;
 use crate::engine::{Engine, Incoming, Subscription};
-use crate::metrics::Snapshot;
+use crate::metrics::{Metrics, Snapshot};
 use crate::processor::{MapState, Processor, ValueState};
 use crate::startup::{
     co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, StageRole,
@@ -214,6 +214,8 @@ pub(crate) trait DriverStage {
     /// Hands every collected record to `sink`.
     fn drain(&mut self, sink: &mut dyn FnMut(&str, Option<i32>, StoredRecord));
     fn snapshot(&self) -> Snapshot;
+    /// The stage's name, which labels its metrics; `None` for the first.
+    fn name(&self) -> Option<&'static str>;
     /// The bytes of every entry of store `name` whose key starts with
     /// `prefix`, across tasks (uncommitted changes included).
     fn scan(&mut self, name: &str, prefix: &[u8]) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>>;
@@ -221,6 +223,7 @@ pub(crate) trait DriverStage {
 
 /// A stage's engine over task stores in `dir`.
 struct EngineStage<P: Processor> {
+    name: Option<&'static str>,
     engine: Engine<P>,
     dir: PathBuf,
     partitions: usize,
@@ -369,6 +372,10 @@ impl<P: Processor> DriverStage for EngineStage<P> {
         self.engine.snapshot()
     }
 
+    fn name(&self) -> Option<&'static str> {
+        self.name
+    }
+
     fn scan(&mut self, name: &str, prefix: &[u8]) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut entries = Vec::new();
         for task in self.engine.tasks_mut().values_mut() {
@@ -482,6 +489,7 @@ pub(crate) fn driver_stage<P: Processor>(
         env.shutdown.clone(),
     )?;
     let mut stage = EngineStage {
+        name,
         engine,
         dir: env.dir.join(&application_id),
         partitions,
@@ -864,26 +872,19 @@ impl TestDriver {
         Ok(entries)
     }
 
-    /// Every stage's metrics, as the HTTP endpoint would show them.
+    /// Every stage's metrics, now, as the HTTP endpoint would show them: a
+    /// later stage's series carry its name as label `stage`.
     pub fn metrics(&self) -> Snapshot {
-        let mut merged = Snapshot::default();
+        let metrics = Arc::new(Metrics::default());
         for stage in &self.stages {
-            let snapshot = stage.snapshot();
-            for ((name, labels), value) in snapshot.counters {
-                merged.add(name, labels, value);
-            }
-            for ((name, labels), value) in snapshot.float_counters {
-                merged.add_f64(name, labels, value);
-            }
-            for ((name, labels), value) in snapshot.gauges {
-                merged.set(name, labels, value);
-            }
+            metrics.add_stage(stage.name()).publish(stage.snapshot());
         }
-        merged
+        metrics.snapshot()
     }
 
-    /// A counter of [`metrics`](Self::metrics), summed over every series
-    /// whose labels include `labels`.
+    /// Counter `name` of [`metrics`](Self::metrics), summed over every series
+    /// whose labels include all of `labels` (see [`Snapshot::counter`]): say
+    /// late records of one topic over every stage, or of every topic.
     pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
         self.metrics().counter(name, labels)
     }
