@@ -621,6 +621,57 @@ fn after_a_crash_the_stored_watermark_still_marks_old_records_late() {
     }
 }
 
+/// A crash takes the counters of records back to the last commit, as it
+/// takes the state: what it makes the task read again counts once, so the
+/// counters are those of a run without the crash. Restores and commits are
+/// counted as they happen.
+#[test]
+fn after_a_crash_the_records_read_again_count_once() {
+    let late_topic = "late-events";
+    let mut driver = sessionizer(&["--late-topic", late_topic], 1);
+    send(&mut driver, &[event("amy", "LOGIN", T + 100_000)]);
+    driver.commit().unwrap();
+    send(
+        &mut driver,
+        &[
+            event("amy", "LOGOUT", T + 101_000),
+            event("bob", "LOGOUT", T),
+        ],
+    );
+    driver
+        .pipe_raw(INPUT, 0, Some(b"cal"), Some(b"not avro"))
+        .unwrap();
+    let counts = |driver: &TestDriver| {
+        let produced = |topic| driver.counter(metrics::RECORDS_PRODUCED, &[("topic", topic)]);
+        [
+            driver.counter(metrics::RECORDS_CONSUMED, &[("topic", INPUT)]),
+            late(driver),
+            driver.counter(metrics::RECORDS_DEAD_LETTERED, &[("topic", INPUT)]),
+            produced(OUTPUT),
+            produced(late_topic),
+            produced(DLQ),
+            processor_events(driver, "sessions_completed"),
+        ]
+    };
+    let uncommitted = counts(&driver);
+    assert_eq!(
+        uncommitted,
+        [4, 1, 1, 1, 1, 1, 0],
+        "the session is not committed"
+    );
+    driver.crash().unwrap();
+    assert_eq!(counts(&driver), uncommitted);
+    driver.commit().unwrap();
+    let committed = counts(&driver);
+    assert_eq!(committed[..6], uncommitted[..6]);
+    assert_eq!(committed[6], 1);
+    let commits = driver.counter(metrics::COMMITS, &[]);
+    driver.crash_losing_state().unwrap();
+    assert_eq!(counts(&driver), committed);
+    assert!(driver.counter(metrics::RESTORED_RECORDS, &[]) > 0);
+    assert_eq!(driver.counter(metrics::COMMITS, &[]), commits);
+}
+
 #[test]
 fn a_crash_before_a_commit_drops_its_sessions_and_makes_them_again_once() {
     let mut driver = sessionizer(&[], 1);

@@ -25,7 +25,8 @@
 //!   that it is restored from the changelogs.
 //! * [`read`](TestDriver::read) any topic (outputs, dead letters, late
 //!   records) as JSON, [`state`](TestDriver::state) reads a store, and
-//!   [`metrics`](TestDriver::metrics) every counter.
+//!   [`metrics`](TestDriver::metrics) every counter (of the work that
+//!   stands: a crash takes them back to the last commit).
 //!
 //! Jobs a processor [submits](crate::Context::submit) run inline, at once.
 //!
@@ -112,7 +113,7 @@ use crate::avro::json::{format_line, parse_value};
 use crate::avro::{split_wire_format, AvroEncoder, Registry};
 use crate::clock::{Clock, ManualTime};
 use crate::collector::Headers;
-use crate::engine::{Engine, Incoming, Subscription};
+use crate::engine::{Engine, Incoming, RecordCounts, Subscription};
 use crate::metrics::{Metrics, Snapshot};
 use crate::processor::{MapState, Processor, ValueState};
 use crate::startup::{
@@ -225,6 +226,9 @@ pub(crate) trait DriverStage {
 struct EngineStage<P: Processor> {
     name: Option<&'static str>,
     engine: Engine<P>,
+    /// The engine's counts of records at the last commit, which a crash
+    /// returns to: the records it makes the stage read again count once.
+    committed_counts: RecordCounts,
     dir: PathBuf,
     partitions: usize,
     resources: StateResources,
@@ -281,6 +285,7 @@ impl<P: Processor> DriverStage for EngineStage<P> {
                 .copied()
         })?;
         self.engine.commit_finished(started);
+        self.committed_counts = self.engine.record_counts();
         Ok(())
     }
 
@@ -290,6 +295,7 @@ impl<P: Processor> DriverStage for EngineStage<P> {
         topics: &BTreeMap<String, MemoryTopic>,
     ) -> anyhow::Result<()> {
         self.engine.roll_back()?;
+        self.engine.reset_record_counts(&self.committed_counts);
         let subscriptions = self.engine.subscriptions().len();
         for partition in 0..self.partitions as i32 {
             for subscription in 0..subscriptions {
@@ -490,6 +496,7 @@ pub(crate) fn driver_stage<P: Processor>(
     )?;
     let mut stage = EngineStage {
         name,
+        committed_counts: engine.record_counts(),
         engine,
         dir: env.dir.join(&application_id),
         partitions,
@@ -749,6 +756,13 @@ impl TestDriver {
     /// not committed is dropped (state, timers, clocks, and records written
     /// since the last commit), every task reopens from its committed state
     /// on disk, and inputs are read again from the committed offsets.
+    ///
+    /// The counters of records (consumed, late, dead-lettered, produced, and
+    /// the processor's, which count committed work only) go back to their
+    /// values at the last commit too, so that a record read again counts
+    /// once: the driver keeps one account over its restarts, of the work
+    /// that stands, where a real process would start again from zero.
+    /// Commits and restored records are counted each time they happen.
     pub fn crash(&mut self) -> anyhow::Result<()> {
         self.crash_and_restart(false)
     }
