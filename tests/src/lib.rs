@@ -195,27 +195,48 @@ pub fn consume_all(topic: &str) -> Vec<Value> {
 
 /// Asserts that two record lists hold the same records, in any order; on
 /// failure, shows a few of the missing and unexpected ones, not everything.
+/// Each record is serialised once, so that lists of tens of thousands of
+/// records compare fast.
 pub fn assert_same_records(actual: &[Value], expected: &[Value], context: &str) {
-    let actual = sorted(actual.to_vec());
-    let expected = sorted(expected.to_vec());
-    if actual == expected {
+    let actual = by_text(actual);
+    let expected = by_text(expected);
+    let same = actual.len() == expected.len()
+        && actual.iter().zip(&expected).all(|((_, a), (_, e))| a == e);
+    if same {
         return;
     }
-    let missing: Vec<&Value> = expected
-        .iter()
-        .filter(|e| !actual.contains(e))
-        .take(3)
-        .collect();
-    let unexpected: Vec<&Value> = actual
-        .iter()
-        .filter(|a| !expected.contains(a))
-        .take(3)
-        .collect();
+    let missing = first_absent(&expected, &actual);
+    let unexpected = first_absent(&actual, &expected);
     panic!(
         "{} records, {} expected\nmissing (first 3): {missing:#?}\nunexpected (first 3): {unexpected:#?}\n{context}",
         actual.len(),
         expected.len()
     );
+}
+
+/// The first three records of `keyed` whose text is not in `others` (both
+/// sorted by text).
+fn first_absent<'a>(keyed: &[(String, &'a Value)], others: &[(String, &Value)]) -> Vec<&'a Value> {
+    keyed
+        .iter()
+        .filter(|(text, _)| {
+            others
+                .binary_search_by(|(other, _)| other.cmp(text))
+                .is_err()
+        })
+        .map(|(_, record)| *record)
+        .take(3)
+        .collect()
+}
+
+/// Each record with its JSON text, sorted by the text (stable, as [`sorted`]).
+fn by_text(records: &[Value]) -> Vec<(String, &Value)> {
+    let mut keyed: Vec<(String, &Value)> = records
+        .iter()
+        .map(|record| (record.to_string(), record))
+        .collect();
+    keyed.sort_by(|(a, _), (b, _)| a.cmp(b));
+    keyed
 }
 
 /// Waits until `topic` holds at least `count` records (or `timeout` passes),
@@ -235,9 +256,10 @@ pub fn wait_for_records(topic: &str, count: usize, timeout: Duration) -> Vec<Val
     }
 }
 
-/// Sorts records by their JSON text, for order-insensitive comparison.
+/// Sorts records by their JSON text, for order-insensitive comparison
+/// (each record serialised once).
 pub fn sorted(mut records: Vec<Value>) -> Vec<Value> {
-    records.sort_by_key(|r| r.to_string());
+    records.sort_by_cached_key(Value::to_string);
     records
 }
 
@@ -526,6 +548,39 @@ impl SingleInputRun {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn same_records_in_any_order_pass_and_differences_are_shown() {
+        let records: Vec<Value> = (0..1_000)
+            .map(|n| json!({"n": n, "even": n % 2 == 0}))
+            .collect();
+        let mut shuffled = records.clone();
+        shuffled.reverse();
+        shuffled.swap(3, 700);
+        assert_same_records(&shuffled, &records, "reordered");
+
+        let mut changed = shuffled.clone();
+        changed[10] = json!({"n": -1, "even": false});
+        let failure = std::panic::catch_unwind(|| assert_same_records(&changed, &records, "ctx"))
+            .expect_err("a changed record is a difference");
+        let message = failure.downcast_ref::<String>().unwrap();
+        assert!(
+            message.starts_with("1000 records, 1000 expected"),
+            "{message}"
+        );
+        let missing =
+            &message[message.find("missing").unwrap()..message.find("unexpected").unwrap()];
+        assert!(missing.contains("\"n\": Number(989)"), "{message}");
+        let unexpected = &message[message.find("unexpected").unwrap()..];
+        assert!(unexpected.contains("Number(-1)"), "{message}");
+        assert!(message.ends_with("ctx"), "{message}");
+
+        let mut doubled = records.clone();
+        doubled.push(records[0].clone());
+        let failure = std::panic::catch_unwind(|| assert_same_records(&doubled, &records, ""));
+        assert!(failure.is_err(), "a duplicate is a difference");
+    }
 
     #[test]
     fn murmur2_matches_the_java_client() {

@@ -9,11 +9,9 @@ use std::time::Duration;
 
 use e2e_tests::batches::{generate, model, row, without_embedding, Edit, Rules};
 use e2e_tests::driver::{driver, lines, pipe_all, settings, settle};
-use e2e_tests::{murmur2_partition, parse_jsonl, workspace};
+use e2e_tests::{parse_jsonl, workspace};
 use embed_batcher::Settings;
 use serde_json::Value;
-use streams_runtime::avro::json::parse_line;
-use streams_runtime::avro::{leak_schema, split_wire_format, AvroEncoder};
 use streams_runtime::metrics;
 use streams_runtime::testing::TestDriver;
 
@@ -35,55 +33,6 @@ fn start(flags: &[&str], partitions: usize) -> TestDriver {
 fn pipe_edits(driver: &mut TestDriver, edits: &[Edit]) {
     let lines: Vec<Value> = edits.iter().map(Edit::line).collect();
     pipe_all(driver, INPUT, &lines);
-}
-
-/// Encodes a record into `bytes` (wire format).
-type Encode = Box<dyn Fn(&Edit, &mut Vec<u8>)>;
-
-/// Pipes edits as [`pipe_edits`] does, with the same bytes, but encodes
-/// them itself: `TestDriver::pipe` registers the topic's schema again for
-/// every record (parsing it, and leaking it), which takes most of the time
-/// of tests that pipe thousands.
-struct EditPipe {
-    encode: Encode,
-    partitions: usize,
-}
-
-impl EditPipe {
-    /// Pipes `first` with `TestDriver::pipe` to the empty input of
-    /// `partitions` partitions, and takes the schema id from its bytes.
-    fn new(driver: &mut TestDriver, first: &Edit, partitions: usize) -> EditPipe {
-        assert!(driver.read(INPUT).unwrap().is_empty());
-        pipe_edits(driver, std::slice::from_ref(first));
-        let raw = driver.read(INPUT).unwrap()[0].raw.clone().unwrap();
-        let (id, _) = split_wire_format(&raw).unwrap();
-        let schema = std::fs::read_to_string(e2e_tests::schema(INPUT)).unwrap();
-        let schema = leak_schema(&schema).unwrap();
-        let encoder = AvroEncoder::new(schema, id).unwrap();
-        let encode = move |edit: &Edit, bytes: &mut Vec<u8>| {
-            let line = parse_line(&edit.line().to_string(), schema).unwrap();
-            encoder.encode_value(line.value, bytes).unwrap();
-        };
-        let mut bytes = Vec::new();
-        encode(first, &mut bytes);
-        assert_eq!(bytes, raw, "the bytes TestDriver::pipe writes");
-        EditPipe {
-            encode: Box::new(encode),
-            partitions,
-        }
-    }
-
-    fn pipe(&self, driver: &mut TestDriver, edits: &[Edit]) {
-        let mut bytes = Vec::new();
-        for edit in edits {
-            (self.encode)(edit, &mut bytes);
-            let key = edit.tenant.as_bytes();
-            let partition = murmur2_partition(key, self.partitions) as i32;
-            driver
-                .pipe_raw(INPUT, partition, Some(key), Some(&bytes))
-                .unwrap();
-        }
-    }
 }
 
 /// The output rows without their embeddings (each checked to hold
@@ -371,9 +320,8 @@ fn random_edits_of_many_tenants_over_four_partitions_match_a_model_of_the_rules(
         expected.late
     );
     let mut driver = start(&["--batch-size", "5", "--embedding-dimensions", "16"], 4);
-    let pipe = EditPipe::new(&mut driver, &edits[0], partitions);
-    for chunk in edits[1..].chunks(500) {
-        pipe.pipe(&mut driver, chunk);
+    for chunk in edits.chunks(500) {
+        pipe_edits(&mut driver, chunk);
         driver.advance_time(Duration::from_millis(100)).unwrap();
     }
     settle(&mut driver);
@@ -396,10 +344,9 @@ fn random_edits_survive_crashes_and_lost_state_exactly() {
     let edits = generate(48, partitions, T, 5_500);
     let expected = model(&edits, partitions, &rules);
     let mut driver = start(&["--batch-size", "4", "--embedding-dimensions", "8"], 4);
-    let pipe = EditPipe::new(&mut driver, &edits[0], partitions);
     let mut crashes = 0;
-    for (index, chunk) in edits[1..].chunks(200).enumerate() {
-        pipe.pipe(&mut driver, chunk);
+    for (index, chunk) in edits.chunks(200).enumerate() {
+        pipe_edits(&mut driver, chunk);
         if index % 3 == 2 {
             if crashes % 2 == 0 {
                 driver.crash().unwrap();

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use e2e_tests::driver::{driver, lines, pipe_all, settings, settle};
-use e2e_tests::fixture;
 use e2e_tests::sessions::{event, generate_with, session};
+use e2e_tests::{assert_same_records, fixture};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -42,87 +42,6 @@ fn send_to(driver: &mut TestDriver, partition: i32, events: &[Value]) {
             )
             .expect("pipe");
     }
-}
-
-/// Asserts that two lists hold the same records in any order (each record
-/// serialized once: fast on tens of thousands of rows).
-fn assert_same_rows(actual: &[Value], expected: &[Value], context: &str) {
-    let text = |rows: &[Value]| {
-        let mut rows: Vec<String> = rows.iter().map(Value::to_string).collect();
-        rows.sort();
-        rows
-    };
-    let (actual, expected) = (text(actual), text(expected));
-    if actual != expected {
-        let missing: Vec<&String> = expected
-            .iter()
-            .filter(|e| actual.binary_search(e).is_err())
-            .take(3)
-            .collect();
-        let unexpected: Vec<&String> = actual
-            .iter()
-            .filter(|a| expected.binary_search(a).is_err())
-            .take(3)
-            .collect();
-        panic!(
-            "{} rows, {} expected ({context})\nmissing (first 3): {missing:#?}\nunexpected (first 3): {unexpected:#?}",
-            actual.len(),
-            expected.len()
-        );
-    }
-}
-
-/// Appends `n` to `out` as an Avro long (zig-zag varint).
-fn avro_long(out: &mut Vec<u8>, n: i64) {
-    let mut z = ((n << 1) ^ (n >> 63)) as u64;
-    while z >= 0x80 {
-        out.push((z as u8 & 0x7f) | 0x80);
-        z >>= 7;
-    }
-    out.push(z as u8);
-}
-
-/// Pipes `first` with [`TestDriver::pipe`], which registers the schema, and
-/// returns the wire-format header (magic byte, schema id) it was written with.
-fn pipe_registering(driver: &mut TestDriver, first: &Value) -> Vec<u8> {
-    send(driver, std::slice::from_ref(first));
-    let piped = driver.read(INPUT).unwrap();
-    piped.last().unwrap().raw.as_ref().unwrap()[..5].to_vec()
-}
-
-/// Pipes a `user-events` line as wire-format bytes written here, after
-/// `header` (`pipe` registers the schema again for every record, which
-/// dominates tests of tens of thousands of records).
-fn pipe_fast(driver: &mut TestDriver, header: &[u8], line: &Value, partitions: usize) {
-    let value = &line["value"];
-    let mut bytes = header.to_vec();
-    for field in ["user_id", "event_type"] {
-        let text = value[field].as_str().unwrap();
-        avro_long(&mut bytes, text.len() as i64);
-        bytes.extend_from_slice(text.as_bytes());
-    }
-    avro_long(&mut bytes, value["event_time"].as_i64().unwrap());
-    let key = line["key"].as_str().unwrap();
-    let partition = murmur2_partition(key.as_bytes(), partitions);
-    driver
-        .pipe_raw(INPUT, partition, Some(key.as_bytes()), Some(&bytes))
-        .unwrap();
-}
-
-/// Checks that the input topic holds `events` (so that the bytes
-/// [`pipe_fast`] wrote decode to the lines they stand for).
-fn assert_input_is(driver: &TestDriver, events: &[Value], partitions: usize) {
-    let partition =
-        |line: &Value| murmur2_partition(line["key"].as_str().unwrap().as_bytes(), partitions);
-    let mut expected = events.to_vec();
-    expected.sort_by_key(partition);
-    let piped: Vec<Value> = driver
-        .read(INPUT)
-        .unwrap()
-        .iter()
-        .map(|r| r.to_json())
-        .collect();
-    assert_eq!(piped, expected, "the input as piped");
 }
 
 fn sessions(driver: &TestDriver) -> Vec<Value> {
@@ -423,11 +342,7 @@ fn ten_thousand_users_over_four_partitions_match_a_model_of_the_rules() {
     let mut rng = StdRng::seed_from_u64(seed);
     let (input, expected) = generate_with(&mut rng, 10_000, 7, T);
     let mut driver = sessionizer(&[], 4);
-    let header = pipe_registering(&mut driver, &input[0]);
-    for line in &input[1..] {
-        pipe_fast(&mut driver, &header, line, 4);
-    }
-    assert_input_is(&driver, &input, 4);
+    send(&mut driver, &input);
     settle(&mut driver);
     let output = driver.read(OUTPUT).unwrap();
     for record in &output {
@@ -435,7 +350,7 @@ fn ten_thousand_users_over_four_partitions_match_a_model_of_the_rules() {
         assert_eq!(record.partition, murmur2_partition(key.as_bytes(), 4));
     }
     let output: Vec<Value> = output.iter().map(|r| r.to_json()).collect();
-    assert_same_rows(&output, &expected, &format!("seed {seed}"));
+    assert_same_records(&output, &expected, &format!("seed {seed}"));
     assert_eq!(late(&driver), 0, "seed {seed}");
     assert_eq!(
         processor_events(&driver, "sessions_completed")
@@ -457,9 +372,8 @@ fn crashes_at_random_points_change_no_session() {
     // between commits at random points.
     let mut crash_at: Vec<usize> = (0..4).map(|_| rng.random_range(1..input.len())).collect();
     crash_at.sort_unstable();
-    let header = pipe_registering(&mut driver, &input[0]);
-    for (index, line) in input.iter().enumerate().skip(1) {
-        pipe_fast(&mut driver, &header, line, 4);
+    for (index, line) in input.iter().enumerate() {
+        send(&mut driver, std::slice::from_ref(line));
         if rng.random_range(0..40) == 0 {
             driver.commit().unwrap();
         }
@@ -472,7 +386,7 @@ fn crashes_at_random_points_change_no_session() {
         }
     }
     settle(&mut driver);
-    assert_same_rows(&sessions(&driver), &expected, &format!("seed {seed}"));
+    assert_same_records(&sessions(&driver), &expected, &format!("seed {seed}"));
     // Counters count committed work only: each session once.
     assert_eq!(
         processor_events(&driver, "sessions_completed")
@@ -705,6 +619,57 @@ fn after_a_crash_the_stored_watermark_still_marks_old_records_late() {
             "lose_state {lose_state}"
         );
     }
+}
+
+/// A crash takes the counters of records back to the last commit, as it
+/// takes the state: what it makes the task read again counts once, so the
+/// counters are those of a run without the crash. Restores and commits are
+/// counted as they happen.
+#[test]
+fn after_a_crash_the_records_read_again_count_once() {
+    let late_topic = "late-events";
+    let mut driver = sessionizer(&["--late-topic", late_topic], 1);
+    send(&mut driver, &[event("amy", "LOGIN", T + 100_000)]);
+    driver.commit().unwrap();
+    send(
+        &mut driver,
+        &[
+            event("amy", "LOGOUT", T + 101_000),
+            event("bob", "LOGOUT", T),
+        ],
+    );
+    driver
+        .pipe_raw(INPUT, 0, Some(b"cal"), Some(b"not avro"))
+        .unwrap();
+    let counts = |driver: &TestDriver| {
+        let produced = |topic| driver.counter(metrics::RECORDS_PRODUCED, &[("topic", topic)]);
+        [
+            driver.counter(metrics::RECORDS_CONSUMED, &[("topic", INPUT)]),
+            late(driver),
+            driver.counter(metrics::RECORDS_DEAD_LETTERED, &[("topic", INPUT)]),
+            produced(OUTPUT),
+            produced(late_topic),
+            produced(DLQ),
+            processor_events(driver, "sessions_completed"),
+        ]
+    };
+    let uncommitted = counts(&driver);
+    assert_eq!(
+        uncommitted,
+        [4, 1, 1, 1, 1, 1, 0],
+        "the session is not committed"
+    );
+    driver.crash().unwrap();
+    assert_eq!(counts(&driver), uncommitted);
+    driver.commit().unwrap();
+    let committed = counts(&driver);
+    assert_eq!(committed[..6], uncommitted[..6]);
+    assert_eq!(committed[6], 1);
+    let commits = driver.counter(metrics::COMMITS, &[]);
+    driver.crash_losing_state().unwrap();
+    assert_eq!(counts(&driver), committed);
+    assert!(driver.counter(metrics::RESTORED_RECORDS, &[]) > 0);
+    assert_eq!(driver.counter(metrics::COMMITS, &[]), commits);
 }
 
 #[test]

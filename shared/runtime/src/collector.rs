@@ -262,6 +262,19 @@ impl Collector {
             .map(String::as_str)
             .zip(self.produced.iter().copied())
     }
+
+    /// The counts of [`produced`](Self::produced), by topic id.
+    pub fn produced_counts(&self) -> Vec<u64> {
+        self.produced.clone()
+    }
+
+    /// Takes the counts of [`produced`](Self::produced) back to `counts`
+    /// (by topic id; a topic added since goes back to 0).
+    pub fn reset_produced(&mut self, counts: &[u64]) {
+        for (topic, produced) in self.produced.iter_mut().enumerate() {
+            *produced = counts.get(topic).copied().unwrap_or(0);
+        }
+    }
 }
 
 #[cfg(test)]

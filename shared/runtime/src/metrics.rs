@@ -147,18 +147,21 @@ impl Snapshot {
         self.gauges.insert((name, labels), value);
     }
 
-    /// The value of a counter (0 when never counted).
+    /// Counter `name` summed over every series whose labels include all of
+    /// `labels` (0 when none was counted), as a Prometheus `sum` would: with
+    /// no labels, over every topic (or task, or stage); with a topic, over
+    /// every stage that counts it.
     pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
         self.counters
             .iter()
-            .find(|((n, l), _)| {
-                *n == name
-                    && l.len() == labels.len()
-                    && l.iter()
-                        .zip(labels)
-                        .all(|((k1, v1), (k2, v2))| k1 == k2 && v1 == v2)
+            .filter(|((series, series_labels), _)| {
+                *series == name
+                    && labels.iter().all(|(key, value)| {
+                        series_labels.iter().any(|(k, v)| k == key && v == value)
+                    })
             })
-            .map_or(0, |(_, v)| *v)
+            .map(|(_, count)| count)
+            .sum()
     }
 
     /// Renders the Prometheus text exposition format.
@@ -317,6 +320,32 @@ mod tests {
     }
 
     #[test]
+    fn a_counter_sums_the_series_that_have_the_labels_asked_for() {
+        let mut snapshot = Snapshot::default();
+        let labels = |pairs: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+            pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+        };
+        snapshot.add(RECORDS_LATE, labels(&[("topic", "a")]), 1);
+        snapshot.add(RECORDS_LATE, labels(&[("topic", "b")]), 2);
+        snapshot.add(
+            RECORDS_LATE,
+            labels(&[("topic", "a"), ("stage", "final")]),
+            4,
+        );
+        snapshot.add(RECORDS_CONSUMED, labels(&[("topic", "a")]), 8);
+        assert_eq!(snapshot.counter(RECORDS_LATE, &[]), 7);
+        assert_eq!(snapshot.counter(RECORDS_LATE, &[("topic", "a")]), 5);
+        assert_eq!(snapshot.counter(RECORDS_LATE, &[("stage", "final")]), 4);
+        assert_eq!(
+            snapshot.counter(RECORDS_LATE, &[("stage", "final"), ("topic", "a")]),
+            4,
+            "in any order"
+        );
+        assert_eq!(snapshot.counter(RECORDS_LATE, &[("topic", "c")]), 0);
+        assert_eq!(snapshot.counter(RECORDS_DEAD_LETTERED, &[]), 0);
+    }
+
+    #[test]
     fn later_stages_are_labelled_and_readiness_needs_every_stage() {
         let metrics = Arc::new(Metrics::default());
         let first = metrics.add_stage(None);
@@ -326,7 +355,7 @@ mod tests {
         first.publish(snapshot.clone());
         second.publish(snapshot);
         let merged = metrics.snapshot();
-        assert_eq!(merged.counter(COMMITS, &[]), 2);
+        assert_eq!(merged.counter(COMMITS, &[]), 4, "both stages");
         assert_eq!(merged.counter(COMMITS, &[("stage", "final")]), 2);
         first.set_ready(true);
         assert!(!metrics.is_ready());

@@ -25,7 +25,8 @@
 //!   that it is restored from the changelogs.
 //! * [`read`](TestDriver::read) any topic (outputs, dead letters, late
 //!   records) as JSON, [`state`](TestDriver::state) reads a store, and
-//!   [`metrics`](TestDriver::metrics) every counter.
+//!   [`metrics`](TestDriver::metrics) every counter (of the work that
+//!   stands: a crash takes them back to the last commit).
 //!
 //! Jobs a processor [submits](crate::Context::submit) run inline, at once.
 //!
@@ -108,12 +109,12 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::avro::json::{format_line, parse_line};
+use crate::avro::json::{format_line, parse_value};
 use crate::avro::{split_wire_format, AvroEncoder, Registry};
 use crate::clock::{Clock, ManualTime};
 use crate::collector::Headers;
-use crate::engine::{Engine, Incoming, Subscription};
-use crate::metrics::Snapshot;
+use crate::engine::{Engine, Incoming, RecordCounts, Subscription};
+use crate::metrics::{Metrics, Snapshot};
 use crate::processor::{MapState, Processor, ValueState};
 use crate::startup::{
     co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, StageRole,
@@ -214,6 +215,8 @@ pub(crate) trait DriverStage {
     /// Hands every collected record to `sink`.
     fn drain(&mut self, sink: &mut dyn FnMut(&str, Option<i32>, StoredRecord));
     fn snapshot(&self) -> Snapshot;
+    /// The stage's name, which labels its metrics; `None` for the first.
+    fn name(&self) -> Option<&'static str>;
     /// The bytes of every entry of store `name` whose key starts with
     /// `prefix`, across tasks (uncommitted changes included).
     fn scan(&mut self, name: &str, prefix: &[u8]) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>>;
@@ -221,7 +224,11 @@ pub(crate) trait DriverStage {
 
 /// A stage's engine over task stores in `dir`.
 struct EngineStage<P: Processor> {
+    name: Option<&'static str>,
     engine: Engine<P>,
+    /// The engine's counts of records at the last commit, which a crash
+    /// returns to: the records it makes the stage read again count once.
+    committed_counts: RecordCounts,
     dir: PathBuf,
     partitions: usize,
     resources: StateResources,
@@ -278,6 +285,7 @@ impl<P: Processor> DriverStage for EngineStage<P> {
                 .copied()
         })?;
         self.engine.commit_finished(started);
+        self.committed_counts = self.engine.record_counts();
         Ok(())
     }
 
@@ -287,6 +295,7 @@ impl<P: Processor> DriverStage for EngineStage<P> {
         topics: &BTreeMap<String, MemoryTopic>,
     ) -> anyhow::Result<()> {
         self.engine.roll_back()?;
+        self.engine.reset_record_counts(&self.committed_counts);
         let subscriptions = self.engine.subscriptions().len();
         for partition in 0..self.partitions as i32 {
             for subscription in 0..subscriptions {
@@ -369,6 +378,10 @@ impl<P: Processor> DriverStage for EngineStage<P> {
         self.engine.snapshot()
     }
 
+    fn name(&self) -> Option<&'static str> {
+        self.name
+    }
+
     fn scan(&mut self, name: &str, prefix: &[u8]) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut entries = Vec::new();
         for task in self.engine.tasks_mut().values_mut() {
@@ -391,9 +404,17 @@ pub(crate) struct DriverEnv {
     partitions: HashMap<String, usize>,
     default_partitions: usize,
     link_writers: HashMap<&'static str, usize>,
-    /// Reader schemas of the input topics, for piping JSON.
-    input_schemas: HashMap<String, &'static apache_avro::Schema>,
+    /// The input topics, for piping JSON.
+    inputs: HashMap<String, InputTopic>,
     args: crate::RuntimeArgs,
+}
+
+/// How [`TestDriver::pipe`] writes JSON to one input topic: with the topic's
+/// reader schema, registered (and its encoder built) at the first record,
+/// not at every one.
+struct InputTopic {
+    schema: &'static apache_avro::Schema,
+    encoder: Option<AvroEncoder>,
 }
 
 /// Builds one stage of a pipeline for the driver (see `app.rs`).
@@ -412,7 +433,11 @@ pub(crate) fn driver_stage<P: Processor>(
         resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
     for (input, source) in topology.inputs.iter().zip(&sources) {
         if let Source::Topic(topic) = &input.source {
-            env.input_schemas.insert(topic.clone(), input.schema);
+            let input = InputTopic {
+                schema: input.schema,
+                encoder: None,
+            };
+            env.inputs.insert(topic.clone(), input);
         }
         let default = env.default_partitions;
         env.partitions
@@ -470,6 +495,8 @@ pub(crate) fn driver_stage<P: Processor>(
         env.shutdown.clone(),
     )?;
     let mut stage = EngineStage {
+        name,
+        committed_counts: engine.record_counts(),
         engine,
         dir: env.dir.join(&application_id),
         partitions,
@@ -522,7 +549,7 @@ impl TestDriverBuilder {
             partitions: self.partitions,
             default_partitions: self.default_partitions,
             link_writers: HashMap::new(),
-            input_schemas: HashMap::new(),
+            inputs: HashMap::new(),
             args,
         };
         let mut stages = Vec::with_capacity(specs.len());
@@ -545,7 +572,7 @@ impl TestDriverBuilder {
             stages,
             topics,
             registry: env.registry,
-            input_schemas: env.input_schemas,
+            inputs: env.inputs,
             time,
             dir: TempDir(dir),
             sequence: 0,
@@ -569,7 +596,7 @@ pub struct TestDriver {
     stages: Vec<Box<dyn DriverStage>>,
     topics: BTreeMap<String, MemoryTopic>,
     registry: Registry,
-    input_schemas: HashMap<String, &'static apache_avro::Schema>,
+    inputs: HashMap<String, InputTopic>,
     time: Arc<ManualTime>,
     dir: TempDir,
     /// Global append order.
@@ -600,6 +627,13 @@ impl TestDriver {
         &self.dir.0
     }
 
+    /// The in-memory schema registry the stages read and write with: a test
+    /// can register another writer schema here and [`pipe_raw`](Self::pipe_raw)
+    /// records written with it.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// Pipes a record whose value is `value` (JSON as in the fixtures,
     /// written with the topic's reader schema) to `topic`, to the partition
     /// its key hashes to (murmur2, as the Java producer; keyless: 0), and
@@ -622,17 +656,27 @@ impl TestDriver {
         key: Option<&str>,
         value: serde_json::Value,
     ) -> anyhow::Result<()> {
-        let schema = *self
-            .input_schemas
-            .get(topic)
+        let input = self
+            .inputs
+            .get_mut(topic)
             .ok_or_else(|| anyhow::anyhow!("{topic} is not an input topic of this pipeline"))?;
-        let line = serde_json::json!({"key": key, "value": value}).to_string();
-        let parsed = parse_line(&line, schema)?;
-        let id = self
-            .registry
-            .register(&format!("{topic}-value"), &schema.canonical_form())?;
+        let value = parse_value(value, input.schema)?;
+        let encoder = match &mut input.encoder {
+            Some(encoder) => encoder,
+            None => {
+                // As written, logical types included (the canonical form
+                // drops them): a producer registers the topic's schema file,
+                // so the stages read piped records with the writer schema
+                // equal to their reader schema, as in production.
+                let written = serde_json::to_string(input.schema)?;
+                let id = self
+                    .registry
+                    .register(&format!("{topic}-value"), &written)?;
+                input.encoder.insert(AvroEncoder::new(input.schema, id)?)
+            }
+        };
         let mut bytes = Vec::new();
-        AvroEncoder::new(schema, id)?.encode_value(parsed.value, &mut bytes)?;
+        encoder.encode_value(value, &mut bytes)?;
         self.pipe_raw(topic, partition, key.map(str::as_bytes), Some(&bytes))
     }
 
@@ -712,6 +756,13 @@ impl TestDriver {
     /// not committed is dropped (state, timers, clocks, and records written
     /// since the last commit), every task reopens from its committed state
     /// on disk, and inputs are read again from the committed offsets.
+    ///
+    /// The counters of records (consumed, late, dead-lettered, produced, and
+    /// the processor's, which count committed work only) go back to their
+    /// values at the last commit too, so that a record read again counts
+    /// once: the driver keeps one account over its restarts, of the work
+    /// that stands, where a real process would start again from zero.
+    /// Commits and restored records are counted each time they happen.
     pub fn crash(&mut self) -> anyhow::Result<()> {
         self.crash_and_restart(false)
     }
@@ -835,26 +886,19 @@ impl TestDriver {
         Ok(entries)
     }
 
-    /// Every stage's metrics, as the HTTP endpoint would show them.
+    /// Every stage's metrics, now, as the HTTP endpoint would show them: a
+    /// later stage's series carry its name as label `stage`.
     pub fn metrics(&self) -> Snapshot {
-        let mut merged = Snapshot::default();
+        let metrics = Arc::new(Metrics::default());
         for stage in &self.stages {
-            let snapshot = stage.snapshot();
-            for ((name, labels), value) in snapshot.counters {
-                merged.add(name, labels, value);
-            }
-            for ((name, labels), value) in snapshot.float_counters {
-                merged.add_f64(name, labels, value);
-            }
-            for ((name, labels), value) in snapshot.gauges {
-                merged.set(name, labels, value);
-            }
+            metrics.add_stage(stage.name()).publish(stage.snapshot());
         }
-        merged
+        metrics.snapshot()
     }
 
-    /// A counter of [`metrics`](Self::metrics), summed over every series
-    /// whose labels include `labels`.
+    /// Counter `name` of [`metrics`](Self::metrics), summed over every series
+    /// whose labels include all of `labels` (see [`Snapshot::counter`]): say
+    /// late records of one topic over every stage, or of every topic.
     pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
         self.metrics().counter(name, labels)
     }

@@ -32,11 +32,18 @@ pub fn parse_line(text: &str, schema: &Schema) -> anyhow::Result<Line> {
     let value = object
         .remove("value")
         .ok_or_else(|| anyhow::anyhow!("missing \"value\""))?;
+    Ok(Line {
+        key,
+        value: parse_value(value, schema)?,
+    })
+}
+
+/// Converts a JSON value as in the fixtures into an Avro value valid for
+/// `schema`.
+pub fn parse_value(value: serde_json::Value, schema: &Schema) -> anyhow::Result<Value> {
     let avro = Value::try_from(value).map_err(|e| anyhow::anyhow!("value: {e}"))?;
-    let value = avro
-        .resolve(schema)
-        .map_err(|e| anyhow::anyhow!("value does not match the schema: {e}"))?;
-    Ok(Line { key, value })
+    avro.resolve(schema)
+        .map_err(|e| anyhow::anyhow!("value does not match the schema: {e}"))
 }
 
 /// One input line whose value is sent as plain bytes.

@@ -18,6 +18,7 @@ pub mod json;
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,6 +98,14 @@ struct RegistryInner {
     /// The HTTP client; `None` for an in-memory registry.
     remote: Option<(SrSettings, tokio::runtime::Handle)>,
     schemas_by_id: Mutex<HashMap<u32, &'static Schema>>,
+    /// In-memory registry only: the id of every schema text registered, each
+    /// also under its canonical form, so that registering a text again
+    /// neither parses nor leaks anything.
+    ids_by_text: Mutex<HashMap<String, u32>>,
+    /// Schema texts parsed (see [`Registry::schemas_parsed`]).
+    schemas_parsed: AtomicUsize,
+    /// See [`Registry::requests`].
+    requests: AtomicUsize,
 }
 
 /// A registry call that failed.
@@ -125,6 +134,9 @@ impl Registry {
                 url: url.to_string(),
                 remote: Some((settings, runtime)),
                 schemas_by_id: Mutex::new(HashMap::new()),
+                ids_by_text: Mutex::new(HashMap::new()),
+                schemas_parsed: AtomicUsize::new(0),
+                requests: AtomicUsize::new(0),
             }),
         })
     }
@@ -138,6 +150,9 @@ impl Registry {
                 url: "memory:".to_string(),
                 remote: None,
                 schemas_by_id: Mutex::new(HashMap::new()),
+                ids_by_text: Mutex::new(HashMap::new()),
+                schemas_parsed: AtomicUsize::new(0),
+                requests: AtomicUsize::new(0),
             }),
         }
     }
@@ -145,6 +160,21 @@ impl Registry {
     /// The registry URL.
     pub fn url(&self) -> &str {
         &self.inner.url
+    }
+
+    /// How many schema texts this registry has parsed: one per writer schema
+    /// fetched, or per distinct text registered in memory, however many
+    /// records use it. Parsing is slow and a parsed schema is kept for the
+    /// life of the process, so this must not grow with the records.
+    pub fn schemas_parsed(&self) -> usize {
+        self.inner.schemas_parsed.load(Ordering::Relaxed)
+    }
+
+    /// How many registrations, and lookups by id not answered from the
+    /// cache, this registry has served: each is a round trip to a remote
+    /// registry, so this must not grow with the records either.
+    pub fn requests(&self) -> usize {
+        self.inner.requests.load(Ordering::Relaxed)
     }
 
     fn classify(&self, error: schema_registry_converter::error::SRCError) -> RegistryError {
@@ -172,12 +202,14 @@ impl Registry {
         if let Some(schema) = self.inner.schemas_by_id.lock().unwrap().get(&id) {
             return Ok(schema);
         }
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         let Some((settings, runtime)) = &self.inner.remote else {
             return Err(RegistryError::NotFound(format!("schema id {id}")));
         };
         let registered = runtime
             .block_on(get_schema_by_id(id, settings))
             .map_err(|e| self.classify(e))?;
+        self.inner.schemas_parsed.fetch_add(1, Ordering::Relaxed);
         let schema = leak_schema(&registered.schema)
             .map_err(|e| RegistryError::Rejected(format!("schema id {id}: {e}")))?;
         self.inner.schemas_by_id.lock().unwrap().insert(id, schema);
@@ -187,6 +219,7 @@ impl Registry {
     /// Registers `schema_json` under `subject` (or finds it already there) and
     /// returns its id. An incompatible change is [`RegistryError::Rejected`].
     pub fn register(&self, subject: &str, schema_json: &str) -> Result<u32, RegistryError> {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         let Some((settings, runtime)) = &self.inner.remote else {
             return self.register_in_memory(schema_json);
         };
@@ -197,20 +230,30 @@ impl Registry {
         Ok(registered.id)
     }
 
-    /// In-memory registration: the same schema always gets the same id.
+    /// In-memory registration: the same schema (the same text, or the same
+    /// canonical form) always gets the same id. A text registered before is
+    /// answered from its id alone; a new one is parsed, and kept only if its
+    /// canonical form is new too.
     fn register_in_memory(&self, schema_json: &str) -> Result<u32, RegistryError> {
-        let schema =
-            leak_schema(schema_json).map_err(|e| RegistryError::Rejected(e.to_string()))?;
-        let canonical = schema.canonical_form();
-        let mut schemas = self.inner.schemas_by_id.lock().unwrap();
-        if let Some((id, _)) = schemas
-            .iter()
-            .find(|(_, known)| known.canonical_form() == canonical)
-        {
+        let mut ids_by_text = self.inner.ids_by_text.lock().unwrap();
+        if let Some(id) = ids_by_text.get(schema_json) {
             return Ok(*id);
         }
-        let id = schemas.len() as u32 + 1;
-        schemas.insert(id, schema);
+        self.inner.schemas_parsed.fetch_add(1, Ordering::Relaxed);
+        let schema = Schema::parse_str(schema_json)
+            .map_err(|e| RegistryError::Rejected(format!("invalid Avro schema: {e}")))?;
+        let canonical = schema.canonical_form();
+        let id = match ids_by_text.get(&canonical) {
+            Some(id) => *id,
+            None => {
+                let mut schemas = self.inner.schemas_by_id.lock().unwrap();
+                let id = schemas.len() as u32 + 1;
+                schemas.insert(id, Box::leak(Box::new(schema)));
+                ids_by_text.insert(canonical, id);
+                id
+            }
+        };
+        ids_by_text.insert(schema_json.to_string(), id);
         Ok(id)
     }
 
@@ -373,6 +416,42 @@ impl AvroEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registering_a_schema_again_in_memory_neither_parses_nor_adds_it() {
+        let registry = Registry::in_memory();
+        let schema = r#"{"type": "record", "name": "Click", "fields": [
+            {"name": "user", "type": "string"}, {"name": "at", "type": "long"}]}"#;
+        let first = registry.register("clicks-value", schema).unwrap();
+        for _ in 0..100 {
+            assert_eq!(registry.register("clicks-value", schema).unwrap(), first);
+        }
+        assert_eq!(registry.schemas_parsed(), 1);
+        let canonical = registry.schema_by_id(first).unwrap().canonical_form();
+        assert_eq!(
+            registry.register("clicks-value", &canonical).unwrap(),
+            first
+        );
+        assert_eq!(registry.schemas_parsed(), 1, "the canonical form is known");
+        let reformatted = schema.replace(", ", ",\n ");
+        assert_eq!(
+            registry.register("clicks-value", &reformatted).unwrap(),
+            first
+        );
+        assert_eq!(registry.schemas_parsed(), 2, "a new text is parsed once");
+        let other = r#"{"type": "record", "name": "Count", "fields": [
+            {"name": "user", "type": "string"}]}"#;
+        let second = registry.register("counts-value", other).unwrap();
+        assert_eq!(second, first + 1);
+        assert_eq!(
+            registry.schema_by_id(second).unwrap().canonical_form(),
+            Schema::parse_str(other).unwrap().canonical_form()
+        );
+        assert!(matches!(
+            registry.schema_by_id(second + 1),
+            Err(RegistryError::NotFound(_))
+        ));
+    }
 
     #[test]
     fn splits_the_wire_header() {

@@ -135,6 +135,15 @@ pub(crate) struct TopicCounts {
     pub dead_lettered: u64,
 }
 
+/// The engine's counts of records, per topic: consumed, late and
+/// dead-lettered (by subscription index) and produced (by collector topic
+/// id). The test driver's crash takes them back to the last commit.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RecordCounts {
+    topics: Vec<TopicCounts>,
+    produced: Vec<u64>,
+}
+
 /// Everything the engine counts, published as metrics at each commit.
 #[derive(Debug, Default)]
 pub(crate) struct EngineCounters {
@@ -511,6 +520,20 @@ impl<P: Processor> Engine<P> {
             .instant
             .saturating_duration_since(self.last_commit)
             >= self.settings.commit_interval
+    }
+
+    /// The records counted so far (see [`RecordCounts`]).
+    pub(crate) fn record_counts(&self) -> RecordCounts {
+        RecordCounts {
+            topics: self.counters.topics.clone(),
+            produced: self.collector.produced_counts(),
+        }
+    }
+
+    /// Takes the counts of records back to `counts`, taken earlier.
+    pub(crate) fn reset_record_counts(&mut self, counts: &RecordCounts) {
+        self.counters.topics.clone_from(&counts.topics);
+        self.collector.reset_produced(&counts.produced);
     }
 
     /// Every metric of this stage, now.
