@@ -7,9 +7,12 @@
 //! now due fires in time order, (3) the record is processed.
 //!
 //! A record of a shuffled input (repartition topic or stage link) carries its
-//! writer's watermark: the task judges lateness before taking it in, exactly
-//! as it would judge the record on its source partition, so lateness and
-//! timers do not depend on when upstream tasks commit.
+//! writer's watermark: the task judges lateness before taking it in, and
+//! before processing lets it count only as far as the record's own event
+//! time explains it (the advance the record would cause on its source
+//! partition); the rest counts right after the record. So lateness and
+//! timers do not depend on when upstream tasks commit, and a stamp that other
+//! records pushed ahead cannot expire state the on-time record needs.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::marker::PhantomData;
@@ -29,7 +32,7 @@ use crate::time::{
     NO_WATERMARK,
 };
 use crate::topology::{PROGRESS_STORE, TIMER_STORE};
-use crate::watermark::Announcement;
+use crate::watermark::{partition_watermark, Announcement};
 
 /// How one input reaches a task.
 #[derive(Debug, Clone, Copy)]
@@ -315,6 +318,14 @@ impl<P: Processor> Task<P> {
 
     /// Handles one decoded record of input `slot`; `stamp` is the watermark
     /// its writer had reached (shuffled inputs only).
+    ///
+    /// Before an on-time record is processed, a stamp counts only as far as
+    /// the record itself explains it (its event time minus the allowed
+    /// out-of-orderness), which is the advance the record would cause on its
+    /// source partition. The rest of the stamp comes from records its writer
+    /// sent elsewhere; taken in before the record, it could fire the timers
+    /// that drop the very state the on-time record needs (the joiner's
+    /// orders), so it counts right after the record, as an announcement.
     pub fn handle_record(
         &mut self,
         env: &mut TaskEnv<'_>,
@@ -324,24 +335,39 @@ impl<P: Processor> Task<P> {
         event_time: i64,
         stamp: Option<Announcement>,
     ) -> anyhow::Result<Outcome> {
-        self.stamp_watermark = self.watermark;
-        let late = self.processor.is_late(event_time, self.watermark);
-        match stamp {
-            Some(announcement) => self.take_announcement(slot, announcement, env),
-            None if !late => self.clocks[slot].observe(event_time, env.now.instant),
-            None => return Ok(Outcome::Late),
-        }
-        self.clocks_dirty = true;
-        self.advance(env)?;
-        if late {
+        if self.processor.is_late(event_time, self.watermark) {
+            if let Some(announcement) = stamp {
+                self.handle_announcement(env, slot, announcement)?;
+            }
             return Ok(Outcome::Late);
         }
+        self.stamp_watermark = self.watermark;
+        let rest = match stamp {
+            Some(announcement) => {
+                let own = partition_watermark(event_time, env.time.max_out_of_orderness);
+                let before = Announcement {
+                    watermark: announcement.watermark.min(own),
+                    ..announcement
+                };
+                self.take_announcement(slot, before, env);
+                (announcement.watermark > own).then_some(announcement)
+            }
+            None => {
+                self.clocks[slot].observe(event_time, env.now.instant);
+                None
+            }
+        };
+        self.clocks_dirty = true;
+        self.advance(env)?;
         let record = Record {
             key,
             value,
             event_time,
         };
         self.with_processor(env, |processor, ctx| processor.process(ctx, record))?;
+        if let Some(announcement) = rest {
+            self.handle_announcement(env, slot, announcement)?;
+        }
         Ok(Outcome::Processed)
     }
 

@@ -1127,6 +1127,119 @@ mod tests {
         assert_eq!(driver.state(&SHOUTED, "all").unwrap(), Some(3));
     }
 
+    #[derive(Debug, serde::Deserialize)]
+    struct Step {
+        text: String,
+        at: i64,
+        to: String,
+    }
+
+    crate::timer_names! { enum StepTimer { Soon = "soon", Later = "later" } }
+
+    /// Re-keyed by `to`; each record sets two timers for its text, 200 and
+    /// 700 ms after it, and every record and firing is written out, in order.
+    #[derive(Clone)]
+    struct Tracer;
+
+    impl Processor for Tracer {
+        type Input = Step;
+        type Output = serde_json::Value;
+        type Timers = StepTimer;
+        const STORES: &'static [&'static str] = &[];
+
+        fn process(
+            &mut self,
+            ctx: &mut Context<'_, Self>,
+            record: Record<'_, Step>,
+        ) -> anyhow::Result<()> {
+            let text = &record.value.text;
+            ctx.set_timer(text, StepTimer::Soon, record.event_time + 200);
+            ctx.set_timer(text, StepTimer::Later, record.event_time + 700);
+            ctx.emit(
+                None,
+                &serde_json::json!({"event": format!("record {text}")}),
+            )
+        }
+
+        fn on_timer(
+            &mut self,
+            ctx: &mut Context<'_, Self>,
+            timer: Timer<'_, StepTimer>,
+        ) -> anyhow::Result<()> {
+            let name = match timer.name {
+                StepTimer::Soon => "soon",
+                StepTimer::Later => "later",
+            };
+            let event = format!("timer {} {name} at {}", timer.key, timer.time);
+            ctx.emit(None, &serde_json::json!({"event": event}))
+        }
+    }
+
+    /// A key that the re-keyed records of `partition` (of 2) carry.
+    fn key_of_partition(partition: i32) -> String {
+        (0..)
+            .map(|i| format!("k{i}"))
+            .find(|key| murmur2_partition(key.as_bytes(), 2) == partition)
+            .expect("some key hashes to every partition")
+    }
+
+    /// A re-keyed record's stamp (its source partition's watermark, 8.5 s
+    /// here, for that partition has moved on with a record for task 1)
+    /// counts before the record only as far as the record's own event time
+    /// minus the out-of-orderness (1.5 s): the timer that advance makes due
+    /// fires before the record, as on a direct input; the timers due by the
+    /// rest of the stamp fire after it, including those it has just set.
+    #[test]
+    fn a_stamp_counts_before_its_record_only_as_far_as_the_record_explains_it() {
+        let step = r#"{"type": "record", "name": "Step", "fields": [
+            {"name": "text", "type": "string"}, {"name": "at", "type": "long"},
+            {"name": "to", "type": "string"}]}"#;
+        let event = r#"{"type": "record", "name": "Event", "fields": [
+            {"name": "event", "type": "string"}]}"#;
+        let topology = Topology::new("tracer", "events", event)
+            .input(
+                InputStream::new("steps", step, |s: &Step| s.at, |s| s)
+                    .unwrap()
+                    .repartition_by("by-to", |s: &Step| s.to.clone()),
+            )
+            .max_out_of_orderness(HumanDuration::from_millis(500));
+        let args = runtime_args(&[]).unwrap();
+        let mut driver = TestDriver::builder(Pipeline::new(args, topology, Tracer))
+            .partitions(2)
+            .build()
+            .unwrap();
+        let (task_0, task_1) = (key_of_partition(0), key_of_partition(1));
+        let pipe = |driver: &mut TestDriver, partition, text: &str, at: i64, to: &str| {
+            let value = serde_json::json!({"text": text, "at": at, "to": to});
+            driver.pipe_to("steps", partition, None, value).unwrap();
+        };
+        // Source partition 1 moves on far ahead, and says so at the commit:
+        // from then on only source partition 0 holds task 0 back.
+        pipe(&mut driver, 1, "ahead", 100_000, &task_1);
+        driver.commit().unwrap();
+        pipe(&mut driver, 0, "a", 1_000, &task_0);
+        pipe(&mut driver, 0, "far", 9_000, &task_1);
+        pipe(&mut driver, 0, "b", 2_000, &task_0);
+        let events: Vec<String> = driver
+            .read_values("events")
+            .unwrap()
+            .into_iter()
+            .map(|value| value["event"].as_str().unwrap().to_string())
+            .filter(|event| !event.contains("ahead") && !event.contains("far"))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                "record a",
+                "timer a soon at 1200",
+                "record b",
+                "timer a later at 1700",
+                "timer b soon at 2200",
+                "timer b later at 2700",
+            ]
+        );
+    }
+
     #[test]
     fn murmur2_matches_the_java_client() {
         // Values from Kafka's own partitioner tests (Utils.murmur2).
