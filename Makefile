@@ -7,7 +7,7 @@ CARGO ?= cargo
 
 include deploy/local/stack.mk
 
-.PHONY: help deps build test test-unit lint demo bench models
+.PHONY: help deps build test test-unit lint demo bench bench-model models
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -47,3 +47,6 @@ demo: build up models ## run every service on the example data (tests/fixtures) 
 bench: deps up ## throughput of every service on the local stack (release build; see BENCHMARKS.md)
 	$(CARGO) build --release --bins
 	@bash tests/bench/throughput.sh
+
+bench-model: deps models ## embed-batcher's model vs sentence-transformers: embeddings/s and memory (release; see BENCHMARKS.md)
+	@bash services/embed-batcher/bench/model_bench.sh

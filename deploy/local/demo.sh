@@ -61,9 +61,10 @@ start order-shipment-joiner 19102 --orders-topic "$(topic orders)" \
 start sessionizer 19103 --input-topic "$(topic user-events)" --output-topic "$(topic user-sessions)"
 start window-aggregator 19104 --input-topic "$(topic orders-marketplace)" \
   --output-topic "$(topic order-window-counts)"
-# Batches of 3 and 4-number vectors keep the table readable.
+# Batches of 3 keep the example small; the vectors are the local model's
+# (all-MiniLM-L6-v2, 384 numbers; the table shows the first few).
 start embed-batcher 19105 --input-topic "$(topic articles)" --output-topic "$(topic article-embeddings)" \
-  --batch-size 3 --embedding-dimensions 4
+  --batch-size 3
 
 show() { # title topic rows
   echo
@@ -75,6 +76,12 @@ show "order-shipment-joiner: orders shipped within 7 days" "$(topic shipped-orde
 show "sessionizer: sessions ended by LOGOUT or inactivity" "$(topic user-sessions)" 1
 show "window-aggregator: 2 s hopping windows every 1 s over all orders" "$(topic order-window-counts)" 4
 show "embed-batcher: a full batch (acme), batches after max-wait (globex, initech)" \
-  "$(topic article-embeddings)" 6
+  "$(topic article-embeddings)" 7
+echo
+echo "== embed-batcher: cosine similarity of the vectors read back from $(topic article-embeddings)"
+streamctl consume --topic "$(topic article-embeddings)" --from-beginning --max 7 --idle-exit 60s \
+  >"$WORK/article-embeddings.jsonl"
+python3 deploy/local/embedding_cosines.py "$WORK/article-embeddings.jsonl" \
+  paraphrases acme/42 initech/3 unrelated acme/42 initech/1
 echo
 echo "demo done; stopping the services"

@@ -90,14 +90,15 @@ fn the_worked_example_gives_the_documented_batches() {
         row(&edits[2], t + 31_000),
         row(&edits[5], t + 31_000),
         row(&edits[6], t + 39_000),
+        row(&edits[7], t + 39_000),
     ]);
     assert_eq!(rows(&driver, 384), expected);
     assert_eq!(late_count(&driver), 1);
-    assert_eq!(lines(&driver, LATE), [input[7].clone()]);
+    assert_eq!(lines(&driver, LATE), [input[8].clone()]);
     assert_eq!(events(&driver, "batches_sent"), 3);
     assert_eq!(events(&driver, "edits_replaced"), 1);
     assert_eq!(events(&driver, "edits_superseded"), 0);
-    // The local model's vectors are L2-normalised, and differ by text.
+    // The (hashing) vectors are L2-normalised, and differ by text.
     let output = lines(&driver, OUTPUT);
     let vector = |line: &Value| -> Vec<f64> {
         let items = line["value"]["embedding"].as_array().unwrap();

@@ -65,6 +65,7 @@ fn the_worked_example_gives_the_documented_batches() {
         row(&edits[2], t + 31_000),
         row(&edits[5], t + 31_000),
         row(&edits[6], t + 39_000),
+        row(&edits[7], t + 39_000),
     ];
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(60));
     let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 384)).collect();

@@ -1,21 +1,26 @@
-"""The peer of the local model's benchmark (BENCHMARKS.md): the same texts
-embedded by sentence-transformers (PyTorch, CPU) from the same model folder.
+"""The peer of the local model's benchmark (BENCHMARKS.md, "embed-batcher's
+model"): the same texts embedded by sentence-transformers (PyTorch, CPU) from
+the same model folder, the same way as examples/embed_bench.rs does.
+bench/model_bench.sh runs both, with a virtualenv it makes.
 
-    # ~100-word texts, the same for both (deterministic):
+    # ~100-word texts, the same for both (deterministic; standard library only):
     python3 services/embed-batcher/bench/sentence_transformers_bench.py texts /var/tmp/embed-texts.jsonl
-    # sentence-transformers (in the venv of tests/data/reference_vectors.py):
-    HF_HUB_OFFLINE=1 /var/tmp/st-venv/bin/python \
+    # sentence-transformers, in a virtualenv with sentence-transformers and torch:
+    HF_HUB_OFFLINE=1 VENV/bin/python \
         services/embed-batcher/bench/sentence_transformers_bench.py run /var/tmp/embed-texts.jsonl
-    # the Rust model: cargo run --release -p embed-batcher --example embed_bench -- /var/tmp/embed-texts.jsonl
 
-Prints one line per batch size: embeddings/s (median of 3 rounds), then the
-process's peak RSS (VmHWM) and its RSS with the model loaded before any batch.
+The model is $MODELS_DIR/all-MiniLM-L6-v2 (MODELS_DIR defaulting to
+/var/tmp/streams-models), on MODEL_THREADS threads (default 2,
+torch.set_num_threads). Embeds all the texts in batches of 32 and of 50,
+ROUNDS rounds (default 5) per batch size after a warm-up batch, and prints per
+batch size the embeddings per second of the rounds (min / median / max) and
+the CPU time of the process per embedding; then the process's peak RSS
+(VmHWM) and its RSS with the model loaded, before any batch.
 """
 
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -79,29 +84,34 @@ def run(path):
     import torch
     from sentence_transformers import SentenceTransformer
 
+    torch.set_num_threads(int(os.environ.get("MODEL_THREADS", "2")))
+    rounds = max(1, int(os.environ.get("ROUNDS", "5")))
     texts = [json.loads(line) for line in Path(path).read_text().splitlines()]
     model_dir = Path(os.environ.get("MODELS_DIR", "/var/tmp/streams-models")) / "all-MiniLM-L6-v2"
     model = SentenceTransformer(str(model_dir), device="cpu")
     loaded_rss = rss_kib("VmRSS")
     print(
         f"sentence-transformers {sentence_transformers.__version__}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {len(texts)} texts"
+        f"{torch.get_num_threads()} threads, {len(texts)} texts, {rounds} rounds"
     )
     for batch_size in (32, 50):
         batches = [texts[i : i + batch_size] for i in range(0, len(texts) - batch_size + 1, batch_size)]
         model.encode(batches[0], batch_size=batch_size)  # warm-up
         rates = []
-        for _ in range(3):
+        cpu_before = time.process_time()
+        for _ in range(rounds):
             started = time.perf_counter()
             for batch in batches:
                 model.encode(batch, batch_size=batch_size, convert_to_numpy=True)
             elapsed = time.perf_counter() - started
             rates.append(len(batches) * batch_size / elapsed)
+        cpu_ms = (time.process_time() - cpu_before) * 1000 / (rounds * len(batches) * batch_size)
+        rates.sort()
         print(
-            f"batch {batch_size}: {statistics.median(rates):.1f} embeddings/s "
-            f"(rounds: {', '.join(f'{r:.1f}' for r in rates)})"
+            f"batch {batch_size}: {rates[0]:.1f} / {rates[len(rates) // 2]:.1f} / {rates[-1]:.1f} "
+            f"embeddings/s (min / median / max); {cpu_ms:.1f} CPU-ms per embedding"
         )
-    print(f"peak RSS {rss_kib('VmHWM') / 1024:.0f} MiB; RSS with the model loaded {loaded_rss / 1024:.0f} MiB")
+    print(f"peak RSS {rss_kib('VmHWM') // 1024} MiB; RSS with the model loaded {loaded_rss // 1024} MiB")
 
 
 def main():

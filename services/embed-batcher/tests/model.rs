@@ -123,14 +123,40 @@ fn vectors_match_sentence_transformers() {
     );
 }
 
-/// Padding and the attention mask change nothing: a text alone and in a
-/// batch with longer ones has the same vector.
+/// Batching changes nothing: a text alone and in a batch with longer ones
+/// has the same vector.
 #[test]
 fn a_text_has_the_same_vector_alone_and_in_a_batch() {
     let references = references();
     let model = model();
     let texts: Vec<String> = references.texts.iter().map(|r| r.text.clone()).collect();
     let batch = model.embed_texts(&texts).expect("embedding");
+    for (text, in_batch) in texts.iter().zip(&batch) {
+        let alone = model
+            .embed_texts(std::slice::from_ref(text))
+            .expect("embedding");
+        let similarity = cosine(&alone[0], in_batch);
+        assert!(similarity > 0.99999, "{text:?}: cosine {similarity}");
+    }
+}
+
+/// A batch of more tokens than the encoder takes in one pass (4096) goes
+/// through in several passes, and each text still gets its own vector.
+#[test]
+fn a_batch_larger_than_one_pass_keeps_every_vector() {
+    let references = references();
+    let model = model();
+    // 18 texts of 256 tokens (4608), each followed by a short one.
+    let texts: Vec<String> = (0..18)
+        .flat_map(|i| {
+            [
+                format!("{i} {}", references.text("long_article").text),
+                references.texts[i % 9].text.clone(),
+            ]
+        })
+        .collect();
+    let batch = model.embed_texts(&texts).expect("embedding");
+    assert_eq!(batch.len(), texts.len());
     for (text, in_batch) in texts.iter().zip(&batch) {
         let alone = model
             .embed_texts(std::slice::from_ref(text))

@@ -58,11 +58,28 @@ pub fn render(rows: &[(Option<String>, Value)]) -> String {
     out
 }
 
+/// Arrays longer than this are shortened in a cell (`--format jsonl` shows
+/// them whole), so that a row of embedding vectors stays one screen wide.
+const LONGEST_ARRAY: usize = 6;
+/// Items a shortened array shows.
+const SHOWN_ITEMS: usize = 4;
+
 fn cell(value: &Value) -> String {
     match value {
         Value::Null => "<null>".into(),
         Value::Union(_, inner) => cell(inner),
         Value::String(text) | Value::Enum(_, text) => text.clone(),
+        Value::Array(items) if items.len() > LONGEST_ARRAY => {
+            let shown: Vec<String> = items[..SHOWN_ITEMS]
+                .iter()
+                .map(|item| match item {
+                    Value::Float(x) => format!("{x:.4}"),
+                    Value::Double(x) => format!("{x:.4}"),
+                    other => cell(other),
+                })
+                .collect();
+            format!("[{}, … {} items]", shown.join(", "), items.len())
+        }
         other => {
             let mut out = String::new();
             write_value(&mut out, other);
@@ -99,5 +116,25 @@ mod tests {
         assert_eq!(lines[3], "| 1   | Art Vandelay | 1   |");
         assert!(lines.iter().take(6).all(|l| l.len() == lines[0].len()));
         assert_eq!(lines.last().unwrap(), &"2 rows in set");
+    }
+
+    #[test]
+    fn shortens_long_arrays() {
+        let vector =
+            |n: usize| Value::Array((0..n).map(|i| Value::Float(i as f32 / 3.0)).collect());
+        let rows = vec![(
+            None,
+            Value::Record(vec![
+                ("short".into(), vector(3)),
+                ("embedding".into(), vector(384)),
+            ]),
+        )];
+        let table = render(&rows);
+        let cells: Vec<&str> = table.lines().nth(3).unwrap().split(" | ").collect();
+        assert_eq!(cells[1], "[0.0, 0.3333333432674408, 0.6666666865348816]");
+        assert_eq!(
+            cells[2].trim_end_matches(" |"),
+            "[0.0000, 0.3333, 0.6667, 1.0000, … 384 items]"
+        );
     }
 }

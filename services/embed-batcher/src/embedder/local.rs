@@ -1,6 +1,6 @@
 //! `--embedder local` (the default): a sentence-transformers BERT model,
 //! all-MiniLM-L6-v2 unless `--model-dir` points at another, run in-process
-//! on the CPU with candle.
+//! on the CPU.
 //!
 //! It computes what sentence-transformers computes for such a folder
 //! (`Transformer` → `Pooling` (mean) → `Normalize`):
@@ -8,32 +8,34 @@
 //! 1. The texts of a batch are tokenized with the folder's `tokenizer.json`,
 //!    truncated to `max_seq_length` tokens counting `[CLS]` and `[SEP]` (from
 //!    `sentence_bert_config.json`, 256 for all-MiniLM-L6-v2; the tokenizer
-//!    file's own truncation at 128 and fixed padding are replaced), and padded
-//!    to the longest text of the batch.
-//! 2. One forward pass of the BERT encoder over the whole batch, with the
-//!    attention mask, so padding changes no vector.
-//! 3. Mean pooling: the token vectors of the last layer averaged, weighted by
-//!    the attention mask (padding counts for nothing).
+//!    file's own truncation at 128 and fixed padding are replaced).
+//! 2. The BERT encoder over the batch's tokens (`bert`: no padding, each
+//!    text attends to its own tokens only).
+//! 3. Mean pooling: the token vectors of the last layer averaged.
 //! 4. L2 normalisation, so cosine similarity is a dot product.
+//!
+//! The model computes on a thread pool of its own (`--model-threads`
+//! threads), which the tokenizer uses too, one batch at a time: a batch
+//! already keeps every thread of the pool busy, so a second one at the same
+//! time would only share the same cores and double the working memory. The
+//! other threads that ask for embeddings (`--embed-workers`) wait their turn.
 //!
 //! The folder is checked when the model is loaded (the service refuses to
 //! start on a missing, corrupt or non-BERT folder), and one text is embedded
 //! then, so a bad folder cannot fail later on the processing thread.
 
+mod bert;
+mod kernels;
+
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use anyhow::Context as _;
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
 use serde::Deserialize;
-use tokenizers::{
-    PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection,
-    TruncationParams, TruncationStrategy,
-};
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use self::bert::{Bert, Config, Tokens, Workspace};
 use super::Embedder;
 
 /// `max_seq_length` of a folder without `sentence_bert_config.json`.
@@ -49,9 +51,11 @@ const SENTENCE_BERT: &str = "sentence_bert_config.json";
 /// A BERT sentence-embedding model, loaded and checked.
 pub struct LocalModel {
     dir: PathBuf,
-    model: BertModel,
+    bert: Bert,
     tokenizer: Tokenizer,
-    device: Device,
+    pool: rayon::ThreadPool,
+    /// The encoder's buffers; held by the batch being embedded.
+    workspace: Mutex<Workspace>,
     dimensions: usize,
     max_seq_length: usize,
     threads: usize,
@@ -68,7 +72,7 @@ impl std::fmt::Debug for LocalModel {
     }
 }
 
-/// The keys of `config.json` checked before candle reads the rest.
+/// The keys of `config.json` that say which architecture it is.
 #[derive(Deserialize)]
 struct ModelKind {
     model_type: Option<String>,
@@ -105,23 +109,6 @@ fn read_json<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> anyhow::
     let path = dir.join(name);
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{}: not valid", path.display()))
-}
-
-/// Fixes the number of threads the model computes with, for the whole
-/// process; returns the number in force. Candle sizes its thread pools once
-/// per process (the rayon pool the matrix products run on, and the pool of
-/// element-wise operations), from `RAYON_NUM_THREADS` and
-/// `CANDLE_NUM_THREADS`, so these are set before the first computation; a
-/// second model in the same process shares the first one's threads.
-fn use_threads(threads: usize) -> usize {
-    static THREADS: OnceLock<usize> = OnceLock::new();
-    *THREADS.get_or_init(|| {
-        let threads = threads.max(1).to_string();
-        // Set before candle reads them (its pools are built on first use).
-        std::env::set_var("RAYON_NUM_THREADS", &threads);
-        std::env::set_var("CANDLE_NUM_THREADS", &threads);
-        threads.parse().unwrap_or(1)
-    })
 }
 
 impl LocalModel {
@@ -172,15 +159,6 @@ impl LocalModel {
             kind.architectures
         );
         let config: Config = read_json(dir, CONFIG)?;
-        anyhow::ensure!(
-            config.num_attention_heads > 0
-                && config
-                    .hidden_size
-                    .is_multiple_of(config.num_attention_heads),
-            "{CONFIG}: hidden_size {} is not a multiple of num_attention_heads {}",
-            config.hidden_size,
-            config.num_attention_heads
-        );
         let dimensions = config.hidden_size;
 
         if dir.join(POOLING).exists() {
@@ -213,27 +191,28 @@ impl LocalModel {
 
         let tokenizer = Self::tokenizer(dir, max_seq_length, config.vocab_size)?;
 
-        let weights = dir.join(WEIGHTS);
-        let bytes = std::fs::read(&weights).with_context(|| format!("{}", weights.display()))?;
-        let device = Device::Cpu;
-        let threads = use_threads(threads);
-        let model = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
-            .and_then(|weights| BertModel::load(weights, &config))
-            .map_err(|error| anyhow::anyhow!("{WEIGHTS}: {error}"))?;
+        let bert = Bert::load(&dir.join(WEIGHTS), &config)?;
+        let threads = threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("model-{i}"))
+            .build()
+            .context("starting the model's threads")?;
         Ok(LocalModel {
             dir: dir.to_path_buf(),
-            model,
+            bert,
             tokenizer,
-            device,
+            pool,
+            workspace: Mutex::default(),
             dimensions,
             max_seq_length,
             threads,
         })
     }
 
-    /// The folder's tokenizer, truncating at `max_seq_length` tokens and
-    /// padding a batch to its longest text (what sentence-transformers asks
-    /// of it), whatever `tokenizer.json` says.
+    /// The folder's tokenizer, truncating at `max_seq_length` tokens (what
+    /// sentence-transformers asks of it) and not padding (the encoder needs
+    /// no padding), whatever `tokenizer.json` says.
     fn tokenizer(
         dir: &Path,
         max_seq_length: usize,
@@ -256,16 +235,7 @@ impl LocalModel {
                 stride: 0,
             }))
             .map_err(|error| anyhow::anyhow!("{TOKENIZER}: {error}"))?;
-        let padding = match tokenizer.get_padding() {
-            Some(padding) => PaddingParams {
-                strategy: PaddingStrategy::BatchLongest,
-                direction: PaddingDirection::Right,
-                pad_to_multiple_of: None,
-                ..padding.clone()
-            },
-            None => PaddingParams::default(),
-        };
-        tokenizer.with_padding(Some(padding));
+        tokenizer.with_padding(None);
         Ok(tokenizer)
     }
 
@@ -300,62 +270,37 @@ impl LocalModel {
         Ok(encoding.get_ids().to_vec())
     }
 
-    /// The unit vectors of `texts`, in order: one forward pass for all of them.
+    /// The unit vectors of `texts`, in order.
     pub fn embed_texts(&self, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
-        self.device.with_context(|| self.forward(texts))
+        // Taken before entering the pool, never inside it: a pool thread
+        // waiting for a lock could be the very thread holding it (rayon
+        // threads pick up other jobs while they wait for their own), and the
+        // pool would deadlock. The buffers are overwritten by every batch, so
+        // a panic in another one leaves nothing to distrust.
+        let mut guard = self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let workspace: &mut Workspace = &mut guard;
+        self.pool.install(|| {
+            let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let encodings = self
+                .tokenizer
+                .encode_batch(inputs, true)
+                .map_err(|error| anyhow::anyhow!("tokenizing: {error}"))?;
+            let tokens: Vec<Tokens<'_>> = encodings
+                .iter()
+                .map(|encoding| Tokens {
+                    ids: encoding.get_ids(),
+                    type_ids: encoding.get_type_ids(),
+                })
+                .collect();
+            self.bert.embed(&tokens, workspace)
+        })
     }
-
-    fn forward(&self, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
-        let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let encodings = self
-            .tokenizer
-            .encode_batch(inputs, true)
-            .map_err(|error| anyhow::anyhow!("tokenizing: {error}"))?;
-        let length = encodings
-            .iter()
-            .map(|e| e.get_ids().len())
-            .max()
-            .unwrap_or(0);
-        let count = encodings.len();
-        let mut ids = Vec::with_capacity(count * length);
-        let mut type_ids = Vec::with_capacity(count * length);
-        let mut mask = Vec::with_capacity(count * length);
-        for encoding in &encodings {
-            anyhow::ensure!(
-                encoding.get_ids().len() == length,
-                "the tokenizer did not pad the batch"
-            );
-            ids.extend_from_slice(encoding.get_ids());
-            type_ids.extend_from_slice(encoding.get_type_ids());
-            mask.extend_from_slice(encoding.get_attention_mask());
-        }
-        let shape = (count, length);
-        let ids = Tensor::from_vec(ids, shape, &self.device)?;
-        let type_ids = Tensor::from_vec(type_ids, shape, &self.device)?;
-        let mask = Tensor::from_vec(mask, shape, &self.device)?;
-        // (count, length, dimensions): the last layer's token vectors.
-        let tokens = self.model.forward(&ids, &type_ids, Some(&mask))?;
-        Ok(mean_pool_and_normalize(&tokens, &mask)?.to_vec2::<f32>()?)
-    }
-}
-
-/// sentence-transformers' mean pooling then `Normalize`: the token vectors
-/// averaged with the attention mask as weights (a count of at least 1e-9),
-/// divided by their L2 norm (at least 1e-12).
-fn mean_pool_and_normalize(tokens: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-    let weights = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-    let sums = tokens.broadcast_mul(&weights)?.sum(1)?;
-    let counts = weights.sum(1)?.clamp(1e-9f32, f32::MAX)?;
-    let means = sums.broadcast_div(&counts)?;
-    let norms = means
-        .sqr()?
-        .sum_keepdim(1)?
-        .sqrt()?
-        .clamp(1e-12f32, f32::MAX)?;
-    means.broadcast_div(&norms)
 }
 
 impl Embedder for LocalModel {
@@ -367,27 +312,6 @@ impl Embedder for LocalModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pooling_averages_unmasked_tokens_and_normalises() {
-        let device = Device::Cpu;
-        // Two texts of three tokens, two dimensions; the second has one
-        // padding token, whose vector must not count.
-        let tokens = Tensor::from_vec(
-            vec![
-                1.0f32, 0.0, 3.0, 0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 3.0, 100.0, 100.0,
-            ],
-            (2, 3, 2),
-            &device,
-        )
-        .unwrap();
-        let mask = Tensor::from_vec(vec![1u32, 1, 1, 1, 1, 0], (2, 3), &device).unwrap();
-        let pooled = mean_pool_and_normalize(&tokens, &mask)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        assert_eq!(pooled, vec![vec![1.0, 0.0], vec![0.0, 1.0]]);
-    }
 
     #[test]
     fn a_missing_folder_is_one_clear_error() {
