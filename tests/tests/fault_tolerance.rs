@@ -13,16 +13,30 @@ struct Run {
     input: String,
     output: String,
     arguments: Vec<String>,
+    lines: Vec<Value>,
     expected: Vec<Value>,
 }
 
-/// Topics, arguments and ~`events` generated input (already produced).
+impl Run {
+    fn produce_input(&self) {
+        produce(&self.input, "user-events", &self.lines);
+    }
+}
+
+/// Topics, arguments and the events of `users` generated users, already
+/// produced to the input.
 fn prepare(partitions: usize, users: usize, extra: &[&str]) -> Run {
+    let run = prepare_unproduced(partitions, users, extra);
+    run.produce_input();
+    run
+}
+
+/// Like [`prepare`], but the input is left empty.
+fn prepare_unproduced(partitions: usize, users: usize, extra: &[&str]) -> Run {
     let input = unique("user-events");
     let output = unique("user-sessions");
     create_topic(&input, partitions);
     let (lines, expected) = generate(users, 9, BASE);
-    produce(&input, "user-events", &lines);
     let mut arguments = args(&[
         "--input-topic",
         &input,
@@ -41,6 +55,7 @@ fn prepare(partitions: usize, users: usize, extra: &[&str]) -> Run {
         input,
         output,
         arguments,
+        lines,
         expected,
     }
 }
@@ -166,9 +181,14 @@ fn a_restart_after_kill_9_restores_only_the_changelog_tail() {
 
 #[test]
 fn two_instances_survive_losing_one() {
-    let run = prepare(4, 12_000, &[]);
+    // The input comes once both instances hold their tasks: produced
+    // before, one instance alone could process it all before the other joins.
+    let run = prepare_unproduced(4, 12_000, &[]);
     let first = Service::start_with_state("sessionizer", &run.arguments, fresh_state_dir());
     let second = Service::start_with_state("sessionizer", &run.arguments, fresh_state_dir());
+    second.wait_ready(Duration::from_secs(60));
+    first.wait_ready(Duration::from_secs(60));
+    run.produce_input();
     wait_for_progress(&first, &run, 5_000.0);
     wait_for_progress(&second, &run, 5_000.0);
     first.kill();
