@@ -7,7 +7,7 @@ CARGO ?= cargo
 
 include deploy/local/stack.mk
 
-.PHONY: help deps build test test-unit lint demo bench bench-model models
+.PHONY: help deps build test test-unit lint demo bench bench-model bench-embed bench-restore models
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -50,3 +50,9 @@ bench: deps up ## throughput of every service on the local stack (release build;
 
 bench-model: deps models ## embed-batcher's model vs sentence-transformers: embeddings/s and memory (release; see BENCHMARKS.md)
 	@bash services/embed-batcher/bench/model_bench.sh
+
+bench-embed: deps up models ## embed-batcher end to end with the local model: articles/s in, rows/s out (release; see BENCHMARKS.md)
+	@bash services/embed-batcher/bench/e2e_bench.sh
+
+bench-restore: deps up ## changelog restore speed of a task with ~2M changelog records (release; see BENCHMARKS.md)
+	@bash bench/restore.sh

@@ -33,6 +33,10 @@ Environment:
   BENCH_LATENCY_SECONDS     measured seconds per latency run (default 10, after 3 s warm-up)
   BIN_DIR            release binaries (default $CARGO_TARGET_DIR/release)
   KS_JAVA_OPTS       JVM flags of the peer (default "-Xms256m -Xmx1g")
+  BENCH_PIN          a CPU list (e.g. "1"): every system under test runs under
+                     `taskset -c` on it (pin the broker to the other cores
+                     yourself, e.g. `taskset -a -p -c 0 <broker pid>`)
+  BENCH_TAG          suffix of the results' file names (<date>-<tag>.*)
 """
 
 import datetime
@@ -61,6 +65,8 @@ LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 WARMUP_SECONDS = 3.0
 DRAIN_SECONDS = 2.0
 JAVA_OPTS = os.environ.get("KS_JAVA_OPTS", "-Xms256m -Xmx1g").split()
+PIN = os.environ.get("BENCH_PIN", "")
+TAG = os.environ.get("BENCH_TAG", "")
 RUN = f"bench-{int(time.time())}"
 WORK = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / RUN
 
@@ -184,7 +190,8 @@ class System:
     def start(self):
         loadgen("topics", "--create", ",".join(self.outputs))
         self.log = open(WORK / f"{self.app}.log", "w")
-        self.process = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        cmd = ["taskset", "-c", PIN, *self.cmd] if PIN else self.cmd
+        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self
 
     def watch(self, timeout=1200):
@@ -281,7 +288,7 @@ def main():
                 capture_output=True, text=True, cwd=ROOT).stdout.split("\n")[:-1],
             "cpus": os.cpu_count(), "scale": SCALE, "runs": RUNS,
             "java": subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0],
-            "java_opts": JAVA_OPTS, "load_average_before": load_before,
+            "java_opts": JAVA_OPTS, "load_average_before": load_before, "pinned_to_cpus": PIN,
         },
         "check": {}, "fill": {}, "throughput": [], "latency": [],
     }
@@ -408,7 +415,8 @@ def tables(results):
     meta = results["meta"]
     lines.append(f"Run `{meta['run']}` at commit {meta['commit']}, {meta['cpus']} cores, scale {meta['scale']}, "
                  f"{meta['runs']} runs per system; load average {meta['load_average_before'][0]:.1f} before, "
-                 f"{meta['load_average_after'][0]:.1f} after; {meta['minutes']:.1f} minutes.")
+                 f"{meta['load_average_after'][0]:.1f} after; {meta['minutes']:.1f} minutes"
+                 + (f"; systems pinned to CPUs {meta['pinned_to_cpus']}." if meta.get("pinned_to_cpus") else "."))
     lines.append("")
     lines.append("Throughput, exactly_once_v2 (median of the runs, [min – max]):")
     lines.append("")
@@ -485,7 +493,7 @@ def phases(results):
 def write_results(results):
     out_dir = ROOT / "bench/results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / results["meta"]["date"]
+    stem = out_dir / "-".join(filter(None, [results["meta"]["date"], TAG]))
     stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     text = tables(results)
     stem.with_suffix(".md").write_text(text)

@@ -44,21 +44,113 @@ impl Restorer {
 
     /// Brings every store of `store` up to the end of its changelog partition.
     /// Returns the number of changelog records applied.
+    ///
+    /// All the task's changelogs are read at once, in one assignment, so
+    /// their fetches overlap and no changelog waits for the one before it.
     pub fn restore(
         &self,
         store: &mut TaskStore,
         changelogs: &[String],
         partition: i32,
     ) -> anyhow::Result<u64> {
-        let mut restored = 0;
+        let mut pending = Vec::new();
         for (index, topic) in changelogs.iter().enumerate() {
-            let start = match store.checkpoint(index)? {
-                Some(offset) => Offset::Offset(offset + 1),
-                None => Offset::Beginning,
+            let (low, high) = self
+                .consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot read the end of changelog {topic}-{partition}: {e}")
+                })?;
+            let first = match store.checkpoint(index)? {
+                Some(offset) => (offset + 1).max(low),
+                None => low,
             };
-            restored += self.restore_one(store, index, topic, partition, start)?;
+            if first < high {
+                pending.push(Changelog {
+                    index,
+                    topic,
+                    first,
+                    end: high,
+                    restored: 0,
+                    done: false,
+                });
+            }
         }
-        Ok(restored)
+        if pending.is_empty() {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        let mut assignment = TopicPartitionList::new();
+        for changelog in &pending {
+            assignment.add_partition_offset(
+                changelog.topic,
+                partition,
+                Offset::Offset(changelog.first),
+            )?;
+        }
+        self.consumer.assign(&assignment)?;
+        let result = self.read_all(store, &mut pending, partition);
+        self.consumer.unassign()?;
+        result?;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        for changelog in &pending {
+            tracing::info!(
+                topic = changelog.topic,
+                partition,
+                records = changelog.restored,
+                elapsed_ms,
+                "restored changelog"
+            );
+        }
+        Ok(pending.iter().map(|changelog| changelog.restored).sum())
+    }
+
+    /// Reads the assigned changelogs to their ends into `store`, in batches.
+    fn read_all(
+        &self,
+        store: &mut TaskStore,
+        pending: &mut [Changelog<'_>],
+        partition: i32,
+    ) -> anyhow::Result<()> {
+        let mut batch = store.restore_batch();
+        let mut last_progress = Instant::now();
+        while pending.iter().any(|changelog| !changelog.done) {
+            match self.consumer.poll(Duration::from_millis(10)) {
+                Some(Ok(message)) => {
+                    last_progress = Instant::now();
+                    let Some(changelog) = pending
+                        .iter_mut()
+                        .find(|changelog| changelog.topic == message.topic())
+                    else {
+                        continue;
+                    };
+                    let key = message.key().unwrap_or_default();
+                    store.stage_restored(
+                        &mut batch,
+                        changelog.index,
+                        message.offset(),
+                        key,
+                        message.payload(),
+                    );
+                    changelog.restored += 1;
+                    changelog.done = message.offset() + 1 >= changelog.end;
+                    if batch.records() >= RESTORE_BATCH {
+                        store
+                            .write_restored(std::mem::replace(&mut batch, store.restore_batch()))?;
+                    }
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(%error, partition, "error while restoring; retrying");
+                }
+                None if last_progress.elapsed() >= IDLE_END => break,
+                None => {
+                    for changelog in pending.iter_mut() {
+                        changelog.done |= self.reached(changelog.topic, partition, changelog.end);
+                    }
+                }
+            }
+        }
+        store.write_restored(batch)
     }
 
     /// Whether the consumer's position has reached `end` (it moves past
@@ -71,72 +163,17 @@ impl Restorer {
             |element| matches!(element.offset(), Offset::Offset(offset) if offset >= end),
         )
     }
+}
 
-    fn restore_one(
-        &self,
-        store: &mut TaskStore,
-        index: usize,
-        topic: &str,
-        partition: i32,
-        start: Offset,
-    ) -> anyhow::Result<u64> {
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(topic, partition, Duration::from_secs(10))
-            .map_err(|e| {
-                anyhow::anyhow!("cannot read the end of changelog {topic}-{partition}: {e}")
-            })?;
-        let first = match start {
-            Offset::Offset(offset) => offset.max(low),
-            _ => low,
-        };
-        if first >= high {
-            return Ok(0);
-        }
-        let started = Instant::now();
-        let mut assignment = TopicPartitionList::new();
-        assignment.add_partition_offset(topic, partition, Offset::Offset(first))?;
-        self.consumer.assign(&assignment)?;
-        let mut batch: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(RESTORE_BATCH);
-        let mut last_offset = None;
-        let mut restored = 0u64;
-        let mut last_progress = Instant::now();
-        loop {
-            match self.consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(message)) => {
-                    last_progress = Instant::now();
-                    let key = message.key().unwrap_or_default().to_vec();
-                    batch.push((key, message.payload().map(<[u8]>::to_vec)));
-                    last_offset = Some(message.offset());
-                    if batch.len() >= RESTORE_BATCH {
-                        restored += batch.len() as u64;
-                        store.write_restored(index, &batch, message.offset())?;
-                        batch.clear();
-                    }
-                    if message.offset() + 1 >= high {
-                        break;
-                    }
-                }
-                Some(Err(error)) => {
-                    tracing::warn!(%error, topic, partition, "error while restoring; retrying");
-                }
-                None if self.reached(topic, partition, high) => break,
-                None if last_progress.elapsed() >= IDLE_END => break,
-                None => {}
-            }
-        }
-        if let Some(offset) = last_offset {
-            restored += batch.len() as u64;
-            store.write_restored(index, &batch, offset)?;
-        }
-        self.consumer.unassign()?;
-        tracing::info!(
-            topic,
-            partition,
-            records = restored,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "restored changelog"
-        );
-        Ok(restored)
-    }
+/// One changelog partition being restored.
+struct Changelog<'a> {
+    /// The store it restores.
+    index: usize,
+    topic: &'a str,
+    /// The first offset to read.
+    first: i64,
+    /// The end offset when the restore began.
+    end: i64,
+    restored: u64,
+    done: bool,
 }

@@ -222,11 +222,13 @@ impl<P: Processor> Task<P> {
 
     /// (Re)loads timers and clocks from committed state.
     fn load(&mut self, now: Now) -> anyhow::Result<()> {
-        self.timers = TaskTimers::default();
-        for (key, _) in self.store.scan_prefix(self.timer_store, &[])? {
-            let (domain, entry) = TimerEntry::from_store_key(&key)?;
-            self.timers.queue_mut(domain).load(entry);
-        }
+        let mut timers = TaskTimers::default();
+        self.store.for_each_committed(self.timer_store, |key, _| {
+            let (domain, entry) = TimerEntry::from_store_key(key)?;
+            timers.queue_mut(domain).load(entry);
+            Ok(())
+        })?;
+        self.timers = timers;
         let now = now.instant;
         self.clocks.clear();
         for (slot, kind) in self.kinds.iter().enumerate() {

@@ -310,6 +310,7 @@ impl<P: Processor> DriverStage for EngineStage<P> {
             let dir = self.task_dir(partition);
             std::fs::remove_dir_all(&dir)?;
             let mut store = TaskStore::open(&dir, self.engine.store_names(), &self.resources)?;
+            let mut batch = store.restore_batch();
             for (store_index, changelog) in changelogs.iter().enumerate() {
                 let Some(records) = topics
                     .get(changelog)
@@ -317,17 +318,21 @@ impl<P: Processor> DriverStage for EngineStage<P> {
                 else {
                     continue;
                 };
-                let committed: Vec<(Vec<u8>, Option<Vec<u8>>)> = records
-                    .iter()
-                    .filter(|record| !record.pending && !record.aborted)
-                    .map(|record| (record.key.clone().unwrap_or_default(), record.value.clone()))
-                    .collect();
-                if !records.is_empty() {
-                    let last = records.len() as i64 - 1;
-                    store.write_restored(store_index, &committed, last)?;
-                    self.engine.count_restored(committed.len() as u64);
+                for (offset, record) in records.iter().enumerate() {
+                    if !record.pending && !record.aborted {
+                        let key = record.key.as_deref().unwrap_or_default();
+                        store.stage_restored(
+                            &mut batch,
+                            store_index,
+                            offset as i64,
+                            key,
+                            record.value.as_deref(),
+                        );
+                    }
                 }
             }
+            self.engine.count_restored(batch.records() as u64);
+            store.write_restored(batch)?;
             drop(store);
         }
         self.open_tasks()

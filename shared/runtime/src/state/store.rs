@@ -144,6 +144,20 @@ pub struct TaskStore {
     cache: ReadCache,
 }
 
+/// Changelog records being restored into a [`TaskStore`], written to
+/// RocksDB together with the changelog offset each store reaches.
+pub struct RestoreBatch {
+    batch: WriteBatch,
+    checkpoints: Vec<Option<i64>>,
+}
+
+impl RestoreBatch {
+    /// Records in the batch.
+    pub fn records(&self) -> usize {
+        self.batch.len()
+    }
+}
+
 /// Index of a store within its [`TaskStore`], fixed for the process lifetime.
 pub type StoreIndex = usize;
 
@@ -334,30 +348,72 @@ impl TaskStore {
         Ok(value.and_then(|bytes| bytes.as_ref().try_into().ok().map(i64::from_be_bytes)))
     }
 
-    /// Writes restored changelog records straight to RocksDB, with the offset
-    /// they reach. Used only while the task is restoring (overlay empty).
-    pub fn write_restored(
-        &mut self,
+    /// An empty batch of restored changelog records for this store.
+    pub fn restore_batch(&self) -> RestoreBatch {
+        RestoreBatch {
+            batch: WriteBatch::default(),
+            checkpoints: vec![None; self.names.len()],
+        }
+    }
+
+    /// Adds a changelog record of `store` at `offset` to `batch`: a put, or
+    /// a deletion for a tombstone (no value).
+    pub fn stage_restored(
+        &self,
+        batch: &mut RestoreBatch,
         store: StoreIndex,
-        records: &[(Vec<u8>, Option<Vec<u8>>)],
-        last_offset: i64,
-    ) -> anyhow::Result<()> {
+        offset: i64,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) {
         let family = self.family(store);
-        let mut batch = WriteBatch::default();
-        for (key, value) in records {
-            match value {
-                Some(value) => batch.put_cf(family, key, value),
-                None => batch.delete_cf(family, key),
+        match value {
+            Some(value) => batch.batch.put_cf(family, key, value),
+            None => batch.batch.delete_cf(family, key),
+        }
+        batch.checkpoints[store] = Some(offset);
+    }
+
+    /// Writes restored changelog records straight to RocksDB, in one write
+    /// with the offsets they reach. Used only while the task is restoring
+    /// (nothing uncommitted).
+    pub fn write_restored(&mut self, batch: RestoreBatch) -> anyhow::Result<()> {
+        let RestoreBatch {
+            mut batch,
+            checkpoints,
+        } = batch;
+        let checkpoint_family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
+        for (store, offset) in checkpoints.iter().enumerate() {
+            if let Some(offset) = offset {
+                batch.put_cf(
+                    checkpoint_family,
+                    self.names[store].as_bytes(),
+                    offset.to_be_bytes(),
+                );
             }
         }
-        let checkpoint_family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
-        batch.put_cf(
-            checkpoint_family,
-            self.names[store].as_bytes(),
-            last_offset.to_be_bytes(),
-        );
         self.db.write(batch)?;
         self.cache.clear();
+        Ok(())
+    }
+
+    /// Calls `visit` with every committed entry of `store`, in key order,
+    /// borrowing keys and values from RocksDB (no copies). For loading a
+    /// task's in-memory indexes when it opens, before anything is
+    /// uncommitted.
+    pub fn for_each_committed(
+        &self,
+        store: StoreIndex,
+        mut visit: impl FnMut(&[u8], &[u8]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        debug_assert!(self.overlay[store].is_empty() && self.sealed[store].is_empty());
+        let mut iterator = self.db.raw_iterator_cf(self.family(store));
+        iterator.seek_to_first();
+        while let (Some(key), Some(value)) = (iterator.key(), iterator.value()) {
+            visit(key, value)?;
+            iterator.next();
+        }
+        iterator.status()?;
         Ok(())
     }
 
