@@ -61,7 +61,9 @@ fn consumed_by(service: &Service, run: &Run, thread: usize) -> f64 {
 }
 
 fn consumed(service: &Service, run: &Run) -> f64 {
-    (0..THREADS).map(|thread| consumed_by(service, run, thread)).sum()
+    (0..THREADS)
+        .map(|thread| consumed_by(service, run, thread))
+        .sum()
 }
 
 /// The tasks each thread opened, from the log lines of its span

@@ -400,9 +400,27 @@ pub(crate) fn prepare_stage<P: Processor>(
             "more stream threads than input partitions: some threads get no task"
         );
     }
-    StreamThread::all(threads)
+    let consumers = StreamThread::all(threads)
         .map(|thread| Ok((thread, plan.thread_consumer(env, thread)?)))
-        .collect()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Subscribed together, once all are built (a producer's
+    // init_transactions takes a while): members that join at once form the
+    // group's first generation together, instead of the first thread taking
+    // every task only to hand most back a moment later, in a rebalance that
+    // commits, closes and reopens every task.
+    let mut topics = Vec::new();
+    for (_, consumer) in &consumers {
+        topics = subscribe(consumer)?;
+    }
+    tracing::info!(
+        application_id = plan.application_id,
+        partitions = plan.partitions,
+        threads,
+        topics = ?topics,
+        guarantee = ?env.args.processing_guarantee,
+        "started"
+    );
+    Ok(consumers)
 }
 
 /// The startup checks of stage `name`, its topics and its output schema.
@@ -552,11 +570,6 @@ impl<P: Processor> StagePlan<P> {
             .map(|base| thread.member_id(base));
         let delivery = Delivery::new(env.client_config.clone(), transactional_id.as_deref())?;
         let restorer = Restorer::new(&env.client_config, &self.application_id)?;
-        let subscription: Vec<String> = engine
-            .subscriptions()
-            .iter()
-            .map(|s| s.topic.clone())
-            .collect();
         let stage = KafkaStage {
             engine,
             delivery,
@@ -579,18 +592,25 @@ impl<P: Processor> StagePlan<P> {
             group_consumer_config(env, &self.application_id, group_instance_id.as_deref())
                 .create_with_context(context)
                 .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
-        let subscription: Vec<&str> = subscription.iter().map(String::as_str).collect();
-        consumer.subscribe(&subscription)?;
-        tracing::info!(
-            application_id = self.application_id,
-            partitions = self.partitions,
-            thread = thread.index,
-            topics = ?subscription,
-            guarantee = ?args.processing_guarantee,
-            "started"
-        );
         Ok(consumer)
     }
+}
+
+/// Subscribes a built consumer to its engine's topics; returns them.
+fn subscribe<P: Processor>(consumer: &GroupConsumer<P>) -> anyhow::Result<Vec<String>> {
+    let topics: Vec<String> = {
+        let guard = consumer.context().stage.lock().unwrap();
+        let stage = guard.as_ref().expect("a built stage");
+        stage
+            .engine
+            .subscriptions()
+            .iter()
+            .map(|s| s.topic.clone())
+            .collect()
+    };
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&names)?;
+    Ok(topics)
 }
 
 /// The settings of a stage's group consumer (one per processing thread).
