@@ -97,7 +97,8 @@ pub struct RuntimeArgs {
     #[arg(long, env = "COMMIT_INTERVAL", default_value = "100ms")]
     pub commit_interval: HumanDuration,
 
-    /// Memory shared by all tasks' RocksDB block cache and write buffers, in MiB.
+    /// Memory shared by all tasks' RocksDB block cache and write buffers, in
+    /// MiB: one budget for the process, whatever its threads and stages.
     #[arg(long, env = "STATE_MEMORY_LIMIT_MB", default_value_t = 256)]
     pub state_memory_limit: u64,
 
