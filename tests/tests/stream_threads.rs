@@ -21,14 +21,15 @@ struct Run {
     expected: Vec<Value>,
 }
 
-/// Topics, arguments for two threads and generated input (already produced).
-fn prepare(users: usize) -> Run {
+/// Topics, arguments for two threads (and `extra`) and generated input
+/// (already produced).
+fn prepare(users: usize, extra: &[&str]) -> Run {
     let input = unique("user-events");
     let output = unique("user-sessions");
     create_topic(&input, PARTITIONS);
     let (lines, expected) = generate(users, 9, BASE);
     produce(&input, "user-events", &lines);
-    let arguments = args(&[
+    let mut arguments = args(&[
         "--input-topic",
         &input,
         "--output-topic",
@@ -43,6 +44,7 @@ fn prepare(users: usize) -> Run {
         "--kafka",
         "heartbeat.interval.ms=1000",
     ]);
+    arguments.extend(args(extra));
     Run {
         input,
         output,
@@ -83,21 +85,22 @@ fn tasks_opened_by(log: &str, thread: usize) -> Vec<i32> {
         .collect()
 }
 
-#[test]
-fn two_threads_share_the_tasks_and_the_output_is_exact() {
-    let run = prepare(12_000);
+/// Runs the service with two threads to the end of its output and checks
+/// that it is exact, that every thread had tasks and consumed, and that
+/// SIGTERM stops it cleanly.
+fn assert_threads_share_the_work(run: &Run) {
     let service = Service::start("sessionizer", &run.arguments);
     service.wait_ready(Duration::from_secs(60));
     let output = wait_for_records(&run.output, run.expected.len(), Duration::from_secs(240));
     assert_same_records(&output, &run.expected, &service.log());
 
     let all_consumed = eventually(Duration::from_secs(30), || {
-        consumed(&service, &run) >= run.inputs as f64
+        consumed(&service, run) >= run.inputs as f64
     });
     let log = service.log();
     let opened: Vec<Vec<i32>> = (0..THREADS).map(|t| tasks_opened_by(&log, t)).collect();
     let per_thread: Vec<f64> = (0..THREADS)
-        .map(|thread| consumed_by(&service, &run, thread))
+        .map(|thread| consumed_by(&service, run, thread))
         .collect();
     println!("tasks opened per thread: {opened:?}; records consumed per thread: {per_thread:?}");
     assert!(
@@ -125,8 +128,22 @@ fn two_threads_share_the_tasks_and_the_output_is_exact() {
 }
 
 #[test]
+fn two_threads_share_the_tasks_and_the_output_is_exact() {
+    assert_threads_share_the_work(&prepare(12_000, &[]));
+}
+
+/// Each thread is a static member of its own (`pod-0`, `pod-0-1`) with a
+/// transactional id of its own: a shared `group.instance.id` would have the
+/// coordinator fence one of the threads.
+#[test]
+fn two_threads_with_an_instance_id_are_two_static_members() {
+    let instance = unique("pod");
+    assert_threads_share_the_work(&prepare(6_000, &["--instance-id", &instance]));
+}
+
+#[test]
 fn kill_9_with_two_threads_then_restart_gives_exact_output() {
-    let run = prepare(12_000);
+    let run = prepare(12_000, &[]);
     let state = fresh_state_dir();
     let first = Service::start_with_state("sessionizer", &run.arguments, state.clone());
     assert!(
