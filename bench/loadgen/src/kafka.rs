@@ -65,7 +65,7 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Creates the topics (one partition, kept forever) unless they exist.
+/// Creates the topics (`partitions` each, kept forever) unless they exist.
 pub fn create_topics(
     cluster: &Cluster,
     runtime: &tokio::runtime::Runtime,

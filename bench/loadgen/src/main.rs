@@ -55,6 +55,10 @@ enum Command {
         records: u64,
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Partitions of the input topics when they are created (records go
+        /// to them by key), for runs with several tasks (`--stream-threads`).
+        #[arg(long, default_value_t = 1)]
+        partitions: usize,
     },
     /// Produce at a fixed rate for a while, event time = wall-clock time.
     Rate {
@@ -100,7 +104,8 @@ fn main() -> std::process::ExitCode {
             topics,
             records,
             seed,
-        } => fill(&cli.cluster, use_case, &topics, records, seed),
+            partitions,
+        } => fill(&cli.cluster, use_case, &topics, records, seed, partitions),
         Command::Rate {
             use_case,
             topics,
@@ -218,9 +223,10 @@ fn fill(
     topics: &[String],
     records: u64,
     seed: u64,
+    partitions: usize,
 ) -> anyhow::Result<()> {
     let rt = runtime()?;
-    create_topics(cluster, &rt, topics, 1)?;
+    create_topics(cluster, &rt, topics, partitions)?;
     let registry = cluster.registry(&rt)?;
     let encoders = Encoders::register(&registry, topics, use_case.input_schemas())?;
     let producer = producer(cluster, 20)?;

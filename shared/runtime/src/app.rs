@@ -18,7 +18,8 @@ use crate::config::{LogFormat, RuntimeArgs};
 use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
 use crate::processor::Processor;
-use crate::startup::{prepare_stage, ServiceEnv};
+use crate::startup::{prepare_stage, ServiceEnv, StreamThread};
+use crate::state::store::StateResources;
 use crate::testing::{driver_stage, DriverEnv, DriverStage};
 use crate::topics::Admin;
 use crate::topology::Topology;
@@ -152,19 +153,22 @@ impl Pipeline {
             runtime.handle().clone(),
             Duration::from_secs(10),
         )?;
+        let memory_limit = usize::try_from(self.args.state_memory_limit.saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX);
         let mut env = ServiceEnv {
             application_id: self.args.application_id_or(self.service),
             runtime: runtime.handle().clone(),
             client_config,
             admin,
             metrics: Arc::new(Metrics::default()),
+            state_resources: StateResources::new(memory_limit),
             shutdown: Arc::new(AtomicBool::new(false)),
             link_writers: HashMap::new(),
             args: self.args,
         };
-        let mut prepared = Vec::with_capacity(self.stages.len());
+        let mut prepared = Vec::new();
         for stage in self.stages {
-            prepared.push(stage.prepare(&mut env)?);
+            prepared.extend(stage.prepare(&mut env)?);
         }
 
         // Operations endpoint and signals.
@@ -194,7 +198,7 @@ impl Pipeline {
             result
         };
         let mut stages = prepared.into_iter();
-        let first = stages.next().expect("a pipeline has a first stage");
+        let first = stages.next().expect("a pipeline has a first stage thread");
         let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
             let later: Vec<_> = stages
                 .map(|stage| scope.spawn(|| run_stage(stage)))
@@ -203,7 +207,7 @@ impl Pipeline {
             results.extend(
                 later
                     .into_iter()
-                    .map(|handle| handle.join().expect("stage thread panicked")),
+                    .map(|handle| handle.join().expect("processing thread panicked")),
             );
             results
         });
@@ -212,17 +216,20 @@ impl Pipeline {
     }
 }
 
-/// A stage before startup: checks its topics and builds its clients, or
-/// becomes a stage of the test driver.
+/// A stage before startup: checks its topics and builds its clients (one set
+/// per processing thread), or becomes a stage of the test driver.
 pub(crate) trait StageSpec {
-    fn prepare(self: Box<Self>, env: &mut ServiceEnv) -> anyhow::Result<Box<dyn PreparedStage>>;
+    fn prepare(
+        self: Box<Self>,
+        env: &mut ServiceEnv,
+    ) -> anyhow::Result<Vec<Box<dyn PreparedStage>>>;
     fn into_driver_stage(
         self: Box<Self>,
         env: &mut DriverEnv,
     ) -> anyhow::Result<Box<dyn DriverStage>>;
 }
 
-/// A stage ready to process: runs until shutdown.
+/// A processing thread of a stage, ready: runs until shutdown.
 pub(crate) trait PreparedStage: Send {
     fn run(self: Box<Self>) -> anyhow::Result<()>;
 }
@@ -233,24 +240,34 @@ struct Stage<P: Processor> {
     processor: P,
 }
 
-/// A stage's consumer, which owns its engine.
+/// A processing thread's consumer, which owns its engine.
 struct RunningStage<P: Processor> {
+    thread: StreamThread,
     consumer: GroupConsumer<P>,
     shutdown: Arc<AtomicBool>,
 }
 
 impl<P: Processor> StageSpec for Stage<P> {
-    fn prepare(self: Box<Self>, env: &mut ServiceEnv) -> anyhow::Result<Box<dyn PreparedStage>> {
+    fn prepare(
+        self: Box<Self>,
+        env: &mut ServiceEnv,
+    ) -> anyhow::Result<Vec<Box<dyn PreparedStage>>> {
         let Stage {
             name,
             topology,
             processor,
         } = *self;
-        let consumer = prepare_stage(env, name, topology, processor)?;
-        Ok(Box::new(RunningStage {
-            consumer,
-            shutdown: env.shutdown.clone(),
-        }))
+        let threads = prepare_stage(env, name, topology, processor)?;
+        Ok(threads
+            .into_iter()
+            .map(|(thread, consumer)| {
+                Box::new(RunningStage {
+                    thread,
+                    consumer,
+                    shutdown: env.shutdown.clone(),
+                }) as Box<dyn PreparedStage>
+            })
+            .collect())
     }
 
     fn into_driver_stage(
@@ -267,7 +284,15 @@ impl<P: Processor> StageSpec for Stage<P> {
 }
 
 impl<P: Processor> PreparedStage for RunningStage<P> {
+    /// Runs the loop; with several threads, inside a span that names the
+    /// thread, so that every log line (task ready, task closed) says which
+    /// thread it came from.
     fn run(self: Box<Self>) -> anyhow::Result<()> {
+        let span = match self.thread.label() {
+            Some(thread) => tracing::info_span!("stream_thread", thread),
+            None => tracing::Span::none(),
+        };
+        let _entered = span.enter();
         run_stage(self.consumer, &self.shutdown)
     }
 }

@@ -97,9 +97,17 @@ pub struct RuntimeArgs {
     #[arg(long, env = "COMMIT_INTERVAL", default_value = "100ms")]
     pub commit_interval: HumanDuration,
 
-    /// Memory shared by all tasks' RocksDB block cache and write buffers, in MiB.
+    /// Memory shared by all tasks' RocksDB block cache and write buffers, in
+    /// MiB: one budget for the process, whatever its threads and stages.
     #[arg(long, env = "STATE_MEMORY_LIMIT_MB", default_value_t = 256)]
     pub state_memory_limit: u64,
+
+    /// Processing threads per stage (Kafka Streams' `num.stream.threads`):
+    /// each has its own tasks, consumer and producer, all in the stage's one
+    /// consumer group, so one process can use several cores. More threads
+    /// than input partitions leave the extra ones idle.
+    #[arg(long, env = "STREAM_THREADS", default_value_t = 1, value_parser = parse_stream_threads)]
+    pub stream_threads: usize,
 
     /// When an input partition delivers nothing for this long (wall clock), it
     /// stops holding the watermark back. Off by default: results stay replayable.
@@ -154,6 +162,20 @@ fn parse_instance_id(text: &str) -> Result<String, String> {
     }
 }
 
+/// The most processing threads a stage may have: far more than any host has
+/// cores, low enough to catch a typo.
+const MAX_STREAM_THREADS: usize = 1024;
+
+/// A thread count: 1 to [`MAX_STREAM_THREADS`].
+fn parse_stream_threads(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(threads) if (1..=MAX_STREAM_THREADS).contains(&threads) => Ok(threads),
+        _ => Err(format!(
+            "'{text}' is not a thread count: use a number from 1 to {MAX_STREAM_THREADS}"
+        )),
+    }
+}
+
 /// The HTTP listener address used when none is given.
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9090";
 
@@ -173,5 +195,39 @@ pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
             Ok((key.trim().to_string(), value.trim().to_string()))
         }
         _ => Err(format!("expected KEY=VALUE, got '{text}'")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RuntimeArgs, clap::Error> {
+        Flags::try_parse_from(std::iter::once("service").chain(args.iter().copied()))
+            .map(|flags| flags.runtime)
+    }
+
+    #[test]
+    fn one_stream_thread_by_default_and_a_positive_bounded_count_otherwise() {
+        if std::env::var_os("STREAM_THREADS").is_none() {
+            assert_eq!(parse(&[]).unwrap().stream_threads, 1);
+        }
+        assert_eq!(
+            parse(&["--stream-threads", "16"]).unwrap().stream_threads,
+            16
+        );
+        for bad in ["0", "-1", "two", "1025"] {
+            assert!(
+                parse(&["--stream-threads", bad]).is_err(),
+                "{bad} is refused"
+            );
+        }
     }
 }

@@ -201,17 +201,20 @@ impl Snapshot {
 }
 
 /// What the processing threads share with the HTTP listener: one published
-/// snapshot and one readiness flag per stage of the service.
+/// snapshot and one readiness flag per processing thread of each stage.
 #[derive(Default)]
 pub struct Metrics {
     stages: Mutex<Vec<StageSlot>>,
     failed: AtomicBool,
 }
 
-/// One stage's last published state.
+/// One processing thread's last published state.
 struct StageSlot {
     /// `None` for the first stage; later stages label their series with it.
     label: Option<String>,
+    /// The thread's index when its stage has several (`--stream-threads`),
+    /// which then labels its series.
+    thread: Option<String>,
     snapshot: Snapshot,
     ready: bool,
 }
@@ -221,9 +224,23 @@ impl Metrics {
     /// their labels; a later stage's carry `stage="<label>"` as well, so that
     /// series of different stages never collide.
     pub fn add_stage(self: &Arc<Self>, label: Option<&str>) -> StageMetrics {
+        self.add_thread(label, None)
+    }
+
+    /// Registers processing thread `thread` of a stage and returns its
+    /// handle. With a thread index, its series carry `thread="<index>"` too:
+    /// gauges without a task label (incomplete tasks) would otherwise
+    /// overwrite each other, and per-thread phase times show an unbalanced
+    /// thread. Without one (a single thread) the series are as they were.
+    pub fn add_thread(
+        self: &Arc<Self>,
+        label: Option<&str>,
+        thread: Option<usize>,
+    ) -> StageMetrics {
         let mut stages = self.stages.lock().unwrap();
         stages.push(StageSlot {
             label: label.map(str::to_string),
+            thread: thread.map(|index| index.to_string()),
             snapshot: Snapshot::default(),
             ready: false,
         });
@@ -243,6 +260,9 @@ impl Metrics {
                 if let Some(label) = &stage.label {
                     labels.push(("stage", label.clone()));
                 }
+                if let Some(thread) = &stage.thread {
+                    labels.push(("thread", thread.clone()));
+                }
                 (name, labels)
             };
             for (series, value) in &stage.snapshot.counters {
@@ -258,7 +278,8 @@ impl Metrics {
         merged
     }
 
-    /// Whether every stage has all its assigned tasks restored and processing.
+    /// Whether every thread of every stage has all its assigned tasks
+    /// restored and processing.
     pub fn is_ready(&self) -> bool {
         let stages = self.stages.lock().unwrap();
         !stages.is_empty() && stages.iter().all(|stage| stage.ready)
@@ -360,6 +381,33 @@ mod tests {
         first.set_ready(true);
         assert!(!metrics.is_ready());
         second.set_ready(true);
+        assert!(metrics.is_ready());
+    }
+
+    #[test]
+    fn threads_of_a_stage_are_labelled_and_readiness_needs_every_thread() {
+        let metrics = Arc::new(Metrics::default());
+        let threads: Vec<StageMetrics> = (0..2)
+            .map(|thread| metrics.add_thread(None, Some(thread)))
+            .collect();
+        for thread in &threads {
+            let mut snapshot = Snapshot::default();
+            snapshot.add(COMMITS, vec![], 3);
+            snapshot.set(TASKS_INCOMPLETE, vec![], 1.0);
+            thread.publish(snapshot);
+        }
+        let merged = metrics.snapshot();
+        assert_eq!(merged.counter(COMMITS, &[]), 6, "both threads");
+        assert_eq!(merged.counter(COMMITS, &[("thread", "1")]), 3);
+        let incomplete: Vec<_> = merged
+            .gauges
+            .keys()
+            .filter(|(name, _)| *name == TASKS_INCOMPLETE)
+            .collect();
+        assert_eq!(incomplete.len(), 2, "one gauge per thread: {incomplete:?}");
+        threads[0].set_ready(true);
+        assert!(!metrics.is_ready());
+        threads[1].set_ready(true);
         assert!(metrics.is_ready());
     }
 }

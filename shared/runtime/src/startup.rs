@@ -6,7 +6,7 @@
 //! that routes, internal topic names and store lists cannot drift apart.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -40,6 +40,9 @@ pub(crate) struct ServiceEnv {
     pub client_config: ClientConfig,
     pub admin: Admin,
     pub metrics: Arc<Metrics>,
+    /// RocksDB's memory budget (`--state-memory-limit`): one for the whole
+    /// process, shared by every task of every thread and stage.
+    pub state_resources: StateResources,
     pub shutdown: Arc<AtomicBool>,
     /// The partition count of the stage that writes each link, by link name.
     pub link_writers: HashMap<&'static str, usize>,
@@ -207,11 +210,12 @@ pub(crate) struct TimeSettings {
     pub job_workers: usize,
 }
 
-/// Builds a stage's engine from its topology, once its topics exist.
+/// Builds an engine of a stage from its topology, once its topics exist:
+/// one per processing thread, each with its own decoders.
 /// `counts` has the partition count of every source topic.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn wire_stage<P: Processor>(
-    topology: Topology<P::Input>,
+    topology: &Topology<P::Input>,
     processor: P,
     sources: &[SourceTopic],
     counts: &HashMap<String, usize>,
@@ -241,8 +245,8 @@ pub(crate) fn wire_stage<P: Processor>(
     let mut subscriptions = Vec::new();
     let mut inputs = Vec::with_capacity(topology.inputs.len());
     let mut repartition_topics = topics.repartitions.iter();
-    for (slot, (input, source)) in topology.inputs.into_iter().zip(sources).enumerate() {
-        let (kind, rekeying) = match input.repartition {
+    for (slot, (input, source)) in topology.inputs.iter().zip(sources).enumerate() {
+        let (kind, rekeying) = match &input.repartition {
             None => {
                 let (route, kind) = match source.link_writers {
                     None => (Route::Task { slot }, InputKind::Direct),
@@ -269,7 +273,7 @@ pub(crate) fn wire_stage<P: Processor>(
                 });
                 let rekeying = Rekeying {
                     topic: collector.topic(&topic),
-                    rekey: repartition.rekey,
+                    rekey: (repartition.rekey)(),
                     downstream_partitions: partitions,
                 };
                 let writers = counts[&source.topic];
@@ -277,7 +281,7 @@ pub(crate) fn wire_stage<P: Processor>(
             }
         };
         inputs.push(InputRuntime {
-            decode: input.decode,
+            decode: (input.decode)(),
             kind,
             rekeying,
         });
@@ -324,16 +328,109 @@ fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
-/// Checks and creates stage `name`'s topics, builds its clients and engine,
-/// and subscribes its consumer.
+/// One processing thread of a stage (`--stream-threads`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamThread {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl StreamThread {
+    /// Every thread of a stage run with `count` threads.
+    pub fn all(count: usize) -> impl Iterator<Item = StreamThread> {
+        (0..count).map(move |index| StreamThread { index, count })
+    }
+
+    /// This thread's name for what must be unique per client of the group —
+    /// the transactional id and `group.instance.id` — made from the
+    /// instance's `base`. Thread 0 keeps `base`, so that changing the thread
+    /// count keeps what a single-threaded instance used: thread 0 still
+    /// fences its predecessor's transactions and takes its static membership
+    /// over at once. Thread *i* adds `-<i>`.
+    pub fn member_id(&self, base: &str) -> String {
+        match self.index {
+            0 => base.to_string(),
+            index => format!("{base}-{index}"),
+        }
+    }
+
+    /// The `thread` label of this thread's metrics and logs: none when the
+    /// stage has one thread, whose series and log lines stay as they were.
+    pub fn label(&self) -> Option<usize> {
+        (self.count > 1).then_some(self.index)
+    }
+}
+
+/// What every processing thread of a stage shares, once the stage's topics
+/// exist and its output schema is registered.
+struct StagePlan<P: Processor> {
+    name: Option<&'static str>,
+    application_id: String,
+    topology: Topology<P::Input>,
+    processor: P,
+    sources: Vec<SourceTopic>,
+    counts: HashMap<String, usize>,
+    topics: StageTopics,
+    partitions: usize,
+    schema_id: u32,
+    registry: Registry,
+    idleness: Idleness,
+    state_dir: PathBuf,
+    /// The transactional id before the thread's suffix; `None` under
+    /// at-least-once.
+    transactional_base: Option<String>,
+}
+
+/// Checks and creates stage `name`'s topics, then builds every processing
+/// thread's clients and engine and subscribes its consumer; one consumer
+/// per thread, all in the stage's group.
 pub(crate) fn prepare_stage<P: Processor>(
     env: &mut ServiceEnv,
     name: Option<&'static str>,
     topology: Topology<P::Input>,
     processor: P,
-) -> anyhow::Result<GroupConsumer<P>> {
+) -> anyhow::Result<Vec<(StreamThread, GroupConsumer<P>)>> {
+    let plan = plan_stage(env, name, topology, processor)?;
+    let threads = env.args.stream_threads;
+    if threads > plan.partitions {
+        tracing::warn!(
+            application_id = plan.application_id,
+            threads,
+            partitions = plan.partitions,
+            "more stream threads than input partitions: some threads get no task"
+        );
+    }
+    let consumers = StreamThread::all(threads)
+        .map(|thread| Ok((thread, plan.thread_consumer(env, thread)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Subscribed together, once all are built (a producer's
+    // init_transactions takes a while): members that join at once form the
+    // group's first generation together, instead of the first thread taking
+    // every task only to hand most back a moment later, in a rebalance that
+    // commits, closes and reopens every task.
+    let mut topics = Vec::new();
+    for (_, consumer) in &consumers {
+        topics = subscribe(consumer)?;
+    }
+    tracing::info!(
+        application_id = plan.application_id,
+        partitions = plan.partitions,
+        threads,
+        topics = ?topics,
+        guarantee = ?env.args.processing_guarantee,
+        "started"
+    );
+    Ok(consumers)
+}
+
+/// The startup checks of stage `name`, its topics and its output schema.
+fn plan_stage<P: Processor>(
+    env: &mut ServiceEnv,
+    name: Option<&'static str>,
+    topology: Topology<P::Input>,
+    processor: P,
+) -> anyhow::Result<StagePlan<P>> {
     let args = &env.args;
-    let admin = &env.admin;
     let StageRole {
         application_id,
         late_topic,
@@ -347,10 +444,11 @@ pub(crate) fn prepare_stage<P: Processor>(
     // Startup checks: broker, inputs, co-partitioning.
     let sources = resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
     let source_names: Vec<&str> = sources.iter().map(|s| s.topic.as_str()).collect();
-    let counts = admin.wait_for_topics(&source_names, args.topic_wait.as_std())?;
+    let counts = env
+        .admin
+        .wait_for_topics(&source_names, args.topic_wait.as_std())?;
     let partitions = co_partition_count(&sources, &counts)?;
 
-    // Internal and output topics.
     let topics = stage_topics::<_, P>(
         &topology,
         &env.application_id,
@@ -358,6 +456,52 @@ pub(crate) fn prepare_stage<P: Processor>(
         partitions,
         late_topic,
     )?;
+    ensure_stage_topics(&env.admin, &topics, partitions)?;
+    if let Sink::Link(link) = &topology.sink {
+        env.link_writers.insert(link.name, partitions);
+    }
+
+    // Schemas: the output's is registered once, here.
+    let registry = Registry::new(&args.schema_registry_url, env.runtime.clone())?;
+    let subject = format!("{}-value", topics.output);
+    let schema_id = registry
+        .register(&subject, &topology.output_schema)
+        .map_err(|e| anyhow::anyhow!("cannot register the output schema under {subject}: {e}"))?;
+
+    let transactional_base = match args.processing_guarantee {
+        ProcessingGuarantee::ExactlyOnceV2 => {
+            let instance = match &args.instance_id {
+                Some(instance) => instance.clone(),
+                None => instance_id(&state_dir)?,
+            };
+            Some(format!("{application_id}-{instance}"))
+        }
+        ProcessingGuarantee::AtLeastOnce => None,
+    };
+    Ok(StagePlan {
+        name,
+        application_id,
+        topology,
+        processor,
+        sources,
+        counts,
+        topics,
+        partitions,
+        schema_id,
+        registry,
+        idleness,
+        state_dir,
+        transactional_base,
+    })
+}
+
+/// Creates the topics a stage writes, checking the partition counts of
+/// those that already exist.
+fn ensure_stage_topics(
+    admin: &Admin,
+    topics: &StageTopics,
+    partitions: usize,
+) -> anyhow::Result<()> {
     admin.ensure_topic(&topics.dead_letters, 1, &[])?;
     if let Some(late) = &topics.late {
         admin.ensure_topic(late, partitions, &[])?;
@@ -373,9 +517,6 @@ pub(crate) fn prepare_stage<P: Processor>(
                 "stage link topic {} has {count} partitions, expected {expected}",
                 topics.output
             );
-            if let Sink::Link(link) = &topology.sink {
-                env.link_writers.insert(link.name, partitions);
-            }
         }
     }
     for topic in &topics.changelogs {
@@ -393,110 +534,117 @@ pub(crate) fn prepare_stage<P: Processor>(
             "repartition topic {topic} has {count} partitions, expected {partitions}"
         );
     }
+    Ok(())
+}
 
-    // Schemas: the output's is registered once, here.
-    let registry = Registry::new(&args.schema_registry_url, env.runtime.clone())?;
-    let subject = format!("{}-value", topics.output);
-    let schema_id = registry
-        .register(&subject, &topology.output_schema)
-        .map_err(|e| anyhow::anyhow!("cannot register the output schema under {subject}: {e}"))?;
+impl<P: Processor> StagePlan<P> {
+    /// Builds processing thread `thread`: its engine (with a clone of the
+    /// processor), producer, restore consumer and group consumer, subscribed.
+    fn thread_consumer(
+        &self,
+        env: &ServiceEnv,
+        thread: StreamThread,
+    ) -> anyhow::Result<GroupConsumer<P>> {
+        let args = &env.args;
+        let engine = wire_stage(
+            &self.topology,
+            self.processor.clone(),
+            &self.sources,
+            &self.counts,
+            &self.topics,
+            self.partitions,
+            self.schema_id,
+            TimeSettings {
+                commit_interval: args.commit_interval.as_std(),
+                max_task_idle: args.max_task_idle.as_std(),
+                idleness: self.idleness,
+                job_workers: self.topology.job_workers,
+            },
+            self.registry.clone(),
+            Clock::System,
+            env.shutdown.clone(),
+        )?;
+        let transactional_id = self
+            .transactional_base
+            .as_deref()
+            .map(|base| thread.member_id(base));
+        let delivery = Delivery::new(env.client_config.clone(), transactional_id.as_deref())?;
+        let restorer = Restorer::new(&env.client_config, &self.application_id)?;
+        let stage = KafkaStage {
+            engine,
+            delivery,
+            restorer,
+            guarantee: args.processing_guarantee,
+            state_dir: self.state_dir.clone(),
+            resources: env.state_resources.clone(),
+            metrics: env.metrics.add_thread(self.name, thread.label()),
+            phases: Default::default(),
+            owned: Default::default(),
+            incomplete: Default::default(),
+            fatal: None,
+            in_flight: None,
+        };
+        let group_instance_id = args.instance_id.as_deref().map(|id| thread.member_id(id));
+        let context = StageContext {
+            stage: Mutex::new(Some(stage)),
+        };
+        let consumer: GroupConsumer<P> =
+            group_consumer_config(env, &self.application_id, group_instance_id.as_deref())
+                .create_with_context(context)
+                .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
+        Ok(consumer)
+    }
+}
 
-    let job_workers = topology.job_workers;
-    let engine = wire_stage(
-        topology,
-        processor,
-        &sources,
-        &counts,
-        &topics,
-        partitions,
-        schema_id,
-        TimeSettings {
-            commit_interval: args.commit_interval.as_std(),
-            max_task_idle: args.max_task_idle.as_std(),
-            idleness,
-            job_workers,
-        },
-        registry,
-        Clock::System,
-        env.shutdown.clone(),
-    )?;
-
-    // Clients.
-    let transactional_id = match args.processing_guarantee {
-        ProcessingGuarantee::ExactlyOnceV2 => {
-            let instance = match &args.instance_id {
-                Some(instance) => instance.clone(),
-                None => instance_id(&state_dir)?,
-            };
-            Some(format!("{application_id}-{instance}"))
-        }
-        ProcessingGuarantee::AtLeastOnce => None,
+/// Subscribes a built consumer to its engine's topics; returns them.
+fn subscribe<P: Processor>(consumer: &GroupConsumer<P>) -> anyhow::Result<Vec<String>> {
+    let topics: Vec<String> = {
+        let guard = consumer.context().stage.lock().unwrap();
+        let stage = guard.as_ref().expect("a built stage");
+        stage
+            .engine
+            .subscriptions()
+            .iter()
+            .map(|s| s.topic.clone())
+            .collect()
     };
-    let delivery = Delivery::new(env.client_config.clone(), transactional_id.as_deref())?;
-    let restorer = Restorer::new(&env.client_config, &application_id)?;
-    let memory_limit =
-        usize::try_from(args.state_memory_limit.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let subscription: Vec<String> = engine
-        .subscriptions()
-        .iter()
-        .map(|s| s.topic.clone())
-        .collect();
-    let stage = KafkaStage {
-        engine,
-        delivery,
-        restorer,
-        guarantee: args.processing_guarantee,
-        state_dir,
-        resources: StateResources::new(memory_limit),
-        metrics: env.metrics.add_stage(name),
-        phases: Default::default(),
-        owned: Default::default(),
-        incomplete: Default::default(),
-        fatal: None,
-        in_flight: None,
-    };
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&names)?;
+    Ok(topics)
+}
 
-    let mut consumer_config = env.client_config.clone();
-    consumer_config
-        .set("group.id", &application_id)
+/// The settings of a stage's group consumer (one per processing thread).
+fn group_consumer_config(
+    env: &ServiceEnv,
+    application_id: &str,
+    group_instance_id: Option<&str>,
+) -> ClientConfig {
+    let mut config = env.client_config.clone();
+    config
+        .set("group.id", application_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "false");
-    prefetch_eagerly(&mut consumer_config);
-    match args.group_protocol {
+    prefetch_eagerly(&mut config);
+    match env.args.group_protocol {
         // Range hands out equal-numbered partitions of co-partitioned topics
         // together: the co-location every task needs.
         GroupProtocol::Classic => {
-            consumer_config.set("partition.assignment.strategy", "range");
+            config.set("partition.assignment.strategy", "range");
         }
         GroupProtocol::Consumer => {
-            consumer_config.set("group.protocol", "consumer");
-            if consumer_config.get("group.remote.assignor").is_none() {
-                consumer_config.set("group.remote.assignor", "range");
+            config.set("group.protocol", "consumer");
+            if config.get("group.remote.assignor").is_none() {
+                config.set("group.remote.assignor", "range");
             }
         }
     }
-    if let Some(instance) = &args.instance_id {
-        consumer_config.set("group.instance.id", instance);
+    if let Some(instance) = group_instance_id {
+        config.set("group.instance.id", instance);
     }
-    let context = StageContext {
-        stage: Mutex::new(Some(stage)),
-    };
-    let consumer: GroupConsumer<P> = consumer_config
-        .create_with_context(context)
-        .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
-    let subscription: Vec<&str> = subscription.iter().map(String::as_str).collect();
-    consumer.subscribe(&subscription)?;
-    tracing::info!(
-        application_id,
-        partitions,
-        topics = ?subscription,
-        guarantee = ?args.processing_guarantee,
-        "started"
-    );
-    Ok(consumer)
+    config
 }
 
 /// librdkafka stops fetching a partition once its prefetch queue holds
@@ -508,5 +656,36 @@ pub(crate) fn prepare_stage<P: Processor>(
 pub(crate) fn prefetch_eagerly(config: &mut ClientConfig) {
     if config.get("fetch.queue.backoff.ms").is_none() {
         config.set("fetch.queue.backoff.ms", "5");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_zero_keeps_the_single_threaded_ids_and_the_others_add_their_index() {
+        let threads: Vec<StreamThread> = StreamThread::all(3).collect();
+        let ids: Vec<String> = threads
+            .iter()
+            .map(|thread| thread.member_id("sessionizer-pod-0"))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "sessionizer-pod-0",
+                "sessionizer-pod-0-1",
+                "sessionizer-pod-0-2"
+            ]
+        );
+        let alone = StreamThread::all(1).next().unwrap();
+        assert_eq!(alone.member_id("pod-0"), "pod-0");
+    }
+
+    #[test]
+    fn only_threads_of_a_multi_threaded_stage_are_labelled() {
+        assert_eq!(StreamThread::all(1).next().unwrap().label(), None);
+        let labels: Vec<Option<usize>> = StreamThread::all(2).map(|t| t.label()).collect();
+        assert_eq!(labels, [Some(0), Some(1)]);
     }
 }

@@ -481,7 +481,7 @@ pub(crate) fn driver_stage<P: Processor>(
         .registry
         .register(&format!("{}-value", topics.output), &topology.output_schema)?;
     let engine = wire_stage(
-        topology,
+        &topology,
         processor,
         &sources,
         &counts,

@@ -27,6 +27,14 @@ pub(crate) type RekeyFn = Box<
     dyn FnMut(&Registry, &[u8], &dyn Fn() -> bool) -> Result<(String, i64), DecodeError> + Send,
 >;
 
+/// Makes a fresh decoder for each engine that reads an input: every
+/// processing thread of a stage gets its own (a decoder is stateful and
+/// used without a lock).
+pub(crate) type DecodeFactory<I> = Box<dyn Fn() -> DecodeFn<I> + Send>;
+
+/// Makes a fresh re-keying decoder for each engine, like [`DecodeFactory`].
+pub(crate) type RekeyFactory = Box<dyn Fn() -> RekeyFn + Send>;
+
 /// The internal topic `<app-id>-<name>-repartition` between two stages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StageLink {
@@ -152,17 +160,21 @@ impl<I: 'static, T: DeserializeOwned + 'static> InputStream<I, T> {
             wrap,
             repartition,
         } = self;
-        let mut decoder = AvroDecoder::<T>::new(schema);
-        let decode: DecodeFn<I> = Box::new(move |registry, bytes, shutdown| {
-            let value = decoder.decode(registry, bytes, shutdown)?;
-            let time = event_time(&value);
-            Ok((wrap(value), time))
+        let decode: DecodeFactory<I> = Box::new(move || {
+            let mut decoder = AvroDecoder::<T>::new(schema);
+            Box::new(move |registry, bytes, shutdown| {
+                let value = decoder.decode(registry, bytes, shutdown)?;
+                let time = event_time(&value);
+                Ok((wrap(value), time))
+            })
         });
         let repartition = repartition.map(|(name, key_of)| {
-            let mut decoder = AvroDecoder::<T>::new(schema);
-            let rekey: RekeyFn = Box::new(move |registry, bytes, shutdown| {
-                let value = decoder.decode(registry, bytes, shutdown)?;
-                Ok((key_of(&value), event_time(&value)))
+            let rekey: RekeyFactory = Box::new(move || {
+                let mut decoder = AvroDecoder::<T>::new(schema);
+                Box::new(move |registry, bytes, shutdown| {
+                    let value = decoder.decode(registry, bytes, shutdown)?;
+                    Ok((key_of(&value), event_time(&value)))
+                })
             });
             Repartition { name, rekey }
         });
@@ -180,14 +192,14 @@ pub(crate) struct InputSpec<I> {
     pub(crate) source: Source,
     /// The reader schema (the test driver writes piped values with it).
     pub(crate) schema: &'static Schema,
-    pub(crate) decode: DecodeFn<I>,
+    pub(crate) decode: DecodeFactory<I>,
     pub(crate) repartition: Option<Repartition>,
 }
 
 /// Re-keying of an input through `<app-id>-<name>-repartition`.
 pub(crate) struct Repartition {
     pub(crate) name: &'static str,
-    pub(crate) rekey: RekeyFn,
+    pub(crate) rekey: RekeyFactory,
 }
 
 /// The whole description of a service's data flow.

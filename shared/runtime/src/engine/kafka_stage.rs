@@ -21,7 +21,7 @@
 //! is never held across `poll`.
 
 use std::collections::{BTreeSet, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -72,6 +72,10 @@ pub(crate) struct SealedCommit {
 /// Bytes of held outputs (exactly-once, a commit in flight) past which the
 /// thread stops processing and waits for the commit.
 const MAX_HELD_BYTES: usize = 64 << 20;
+
+/// How long a task waits for its store while another thread of the process
+/// still holds it: longer than a thread's commit and close take.
+const STATE_LOCK_PATIENCE: Duration = Duration::from_secs(60);
 
 /// The consumer context: rebalance callbacks reach the stage through it.
 pub(crate) struct StageContext<P: Processor> {
@@ -436,8 +440,7 @@ impl<P: Processor> KafkaStage<P> {
         partition: i32,
     ) -> anyhow::Result<TaskStore> {
         let path = self.state_dir.join(format!("task-{partition}"));
-        let store_names = self.engine.store_names().to_vec();
-        let mut store = TaskStore::open(&path, &store_names, &self.resources)?;
+        let mut store = self.open_task_store(&path)?;
         let task_topics = self.engine.task_topics();
         let names: Vec<&str> = task_topics.iter().map(|(_, name)| name.as_str()).collect();
         let at_least_once = self.guarantee == ProcessingGuarantee::AtLeastOnce;
@@ -456,7 +459,7 @@ impl<P: Processor> KafkaStage<P> {
                 );
                 drop(store);
                 std::fs::remove_dir_all(&path)?;
-                store = TaskStore::open(&path, &store_names, &self.resources)?;
+                store = self.open_task_store(&path)?;
             } else {
                 replay = false;
             }
@@ -477,6 +480,19 @@ impl<P: Processor> KafkaStage<P> {
             }
         }
         Ok(store)
+    }
+
+    /// Opens the task store at `path`, waiting while the processing thread
+    /// that had the task before still holds it (see
+    /// [`TaskStore::open_when_unlocked`]).
+    fn open_task_store(&self, path: &Path) -> anyhow::Result<TaskStore> {
+        TaskStore::open_when_unlocked(
+            path,
+            self.engine.store_names(),
+            &self.resources,
+            STATE_LOCK_PATIENCE,
+            &|| self.engine.shutdown_requested(),
+        )
     }
 
     /// Commits, then closes the tasks that lose a partition; what they keep

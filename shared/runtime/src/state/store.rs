@@ -158,6 +158,13 @@ impl RestoreBatch {
     }
 }
 
+/// Whether opening a database failed because another handle holds its
+/// `LOCK` file (RocksDB says "lock hold by current process" within one
+/// process, "While lock file" across processes; both name the file).
+fn is_locked(error: &anyhow::Error) -> bool {
+    error.to_string().contains("/LOCK:")
+}
+
 /// Index of a store within its [`TaskStore`], fixed for the process lifetime.
 pub type StoreIndex = usize;
 
@@ -175,14 +182,51 @@ impl TaskStore {
             .map(|name| ColumnFamilyDescriptor::new(name, options.clone()));
         let db = DB::open_cf_descriptors(&options, path, families)
             .map_err(|e| anyhow::anyhow!("cannot open state store {}: {e}", path.display()))?;
-        Ok(TaskStore {
+        Ok(Self::with_db(db, path, names))
+    }
+
+    /// Opens like [`TaskStore::open`], waiting up to `patience` while the
+    /// database is locked, unless `give_up` says to stop.
+    ///
+    /// A task's directory is the same on every processing thread of the
+    /// process (`task-<p>`), so a task that moves from one thread to another
+    /// keeps its local state. The group hands a task over only once its
+    /// previous thread has revoked (and closed) it, but a thread that lost it
+    /// without a revocation (dropped from the group after a stall) closes it
+    /// a little later: meanwhile RocksDB refuses the second handle.
+    pub fn open_when_unlocked(
+        path: &Path,
+        names: &[String],
+        resources: &StateResources,
+        patience: std::time::Duration,
+        give_up: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Self> {
+        let deadline = std::time::Instant::now() + patience;
+        let mut warned = false;
+        loop {
+            match Self::open(path, names, resources) {
+                Err(error)
+                    if is_locked(&error) && std::time::Instant::now() < deadline && !give_up() =>
+                {
+                    if !std::mem::replace(&mut warned, true) {
+                        tracing::info!(path = %path.display(), "state store locked by its previous owner; waiting");
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn with_db(db: DB, path: &Path, names: &[String]) -> Self {
+        TaskStore {
             db,
             path: path.to_path_buf(),
             names: names.to_vec(),
             overlay: vec![Overlay::new(); names.len()],
             sealed: vec![Overlay::new(); names.len()],
             cache: ReadCache::new(names.len()),
-        })
+        }
     }
 
     /// The directory of this database.
@@ -485,6 +529,48 @@ mod tests {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let store = TaskStore::open(&dir, &names, &StateResources::new(8 << 20)).unwrap();
         (store, dir)
+    }
+
+    #[test]
+    fn a_store_locked_by_another_handle_opens_once_that_one_is_closed() {
+        let (store, dir) = temp_store(&["a"]);
+        let names = store.names().to_vec();
+        let resources = StateResources::new(8 << 20);
+        let refused = TaskStore::open(&dir, &names, &resources)
+            .err()
+            .expect("locked");
+        assert!(is_locked(&refused), "{refused:#}");
+        let gave_up = TaskStore::open_when_unlocked(
+            &dir,
+            &names,
+            &resources,
+            std::time::Duration::from_secs(5),
+            &|| true,
+        );
+        assert!(gave_up.is_err(), "gives up when told to");
+        let (opened, waited) = std::thread::scope(|scope| {
+            let opener = scope.spawn(|| {
+                let started = std::time::Instant::now();
+                let opened = TaskStore::open_when_unlocked(
+                    &dir,
+                    &names,
+                    &resources,
+                    std::time::Duration::from_secs(30),
+                    &|| false,
+                );
+                (opened, started.elapsed())
+            });
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(store);
+            opener.join().unwrap()
+        });
+        assert!(opened.is_ok(), "{:#}", opened.err().unwrap());
+        assert!(
+            waited >= std::time::Duration::from_millis(250),
+            "{waited:?}"
+        );
+        drop(opened);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
