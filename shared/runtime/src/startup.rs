@@ -29,7 +29,7 @@ use crate::restore::Restorer;
 use crate::state::store::StateResources;
 use crate::task::{EventTimeSettings, InputKind};
 use crate::time::Idleness;
-use crate::topics::Admin;
+use crate::topics::{Admin, TopicSpec};
 use crate::topology::{all_stores, InputSpec, Sink, Source, Topology};
 
 /// What every stage of a service shares while starting.
@@ -376,9 +376,9 @@ struct StagePlan<P: Processor> {
     registry: Registry,
     idleness: Idleness,
     state_dir: PathBuf,
-    /// The transactional id before the thread's suffix; `None` under
-    /// at-least-once.
-    transactional_base: Option<String>,
+    /// Each processing thread's producer, initialised (transactions
+    /// included), in thread order.
+    deliveries: Vec<Delivery>,
 }
 
 /// Checks and creates stage `name`'s topics, then builds every processing
@@ -390,7 +390,7 @@ pub(crate) fn prepare_stage<P: Processor>(
     topology: Topology<P::Input>,
     processor: P,
 ) -> anyhow::Result<Vec<(StreamThread, GroupConsumer<P>)>> {
-    let plan = plan_stage(env, name, topology, processor)?;
+    let mut plan = plan_stage(env, name, topology, processor)?;
     let threads = env.args.stream_threads;
     if threads > plan.partitions {
         tracing::warn!(
@@ -400,8 +400,10 @@ pub(crate) fn prepare_stage<P: Processor>(
             "more stream threads than input partitions: some threads get no task"
         );
     }
+    let deliveries = std::mem::take(&mut plan.deliveries);
     let consumers = StreamThread::all(threads)
-        .map(|thread| Ok((thread, plan.thread_consumer(env, thread)?)))
+        .zip(deliveries)
+        .map(|(thread, delivery)| Ok((thread, plan.thread_consumer(env, thread, delivery)?)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     // Subscribed together, once all are built (a producer's
     // init_transactions takes a while): members that join at once form the
@@ -456,18 +458,6 @@ fn plan_stage<P: Processor>(
         partitions,
         late_topic,
     )?;
-    ensure_stage_topics(&env.admin, &topics, partitions)?;
-    if let Sink::Link(link) = &topology.sink {
-        env.link_writers.insert(link.name, partitions);
-    }
-
-    // Schemas: the output's is registered once, here.
-    let registry = Registry::new(&args.schema_registry_url, env.runtime.clone())?;
-    let subject = format!("{}-value", topics.output);
-    let schema_id = registry
-        .register(&subject, &topology.output_schema)
-        .map_err(|e| anyhow::anyhow!("cannot register the output schema under {subject}: {e}"))?;
-
     let transactional_base = match args.processing_guarantee {
         ProcessingGuarantee::ExactlyOnceV2 => {
             let instance = match &args.instance_id {
@@ -478,6 +468,40 @@ fn plan_stage<P: Processor>(
         }
         ProcessingGuarantee::AtLeastOnce => None,
     };
+
+    // Three independent sets of round trips, side by side rather than one
+    // after the other: the topic checks and creations, the output schema's
+    // registration (the output's is registered once, here), and each
+    // thread's producer with its init_transactions.
+    let registry = Registry::new(&args.schema_registry_url, env.runtime.clone())?;
+    let subject = format!("{}-value", topics.output);
+    let (created, registered, deliveries) = std::thread::scope(|scope| {
+        let registering = scope.spawn(|| registry.register(&subject, &topology.output_schema));
+        let producing = scope.spawn(|| {
+            StreamThread::all(args.stream_threads)
+                .map(|thread| {
+                    let id = transactional_base
+                        .as_deref()
+                        .map(|base| thread.member_id(base));
+                    Delivery::new(env.client_config.clone(), id.as_deref())
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        });
+        let created = ensure_stage_topics(&env.admin, &topics, partitions);
+        let joined = |name| move |_| anyhow::anyhow!("the thread {name} panicked");
+        (
+            created,
+            registering.join().map_err(joined("registering the schema")),
+            producing.join().map_err(joined("creating the producers")),
+        )
+    });
+    created?;
+    let schema_id = registered?
+        .map_err(|e| anyhow::anyhow!("cannot register the output schema under {subject}: {e}"))?;
+    let deliveries = deliveries??;
+    if let Sink::Link(link) = &topology.sink {
+        env.link_writers.insert(link.name, partitions);
+    }
     Ok(StagePlan {
         name,
         application_id,
@@ -491,36 +515,59 @@ fn plan_stage<P: Processor>(
         registry,
         idleness,
         state_dir,
-        transactional_base,
+        deliveries,
     })
 }
 
-/// Creates the topics a stage writes, checking the partition counts of
-/// those that already exist.
+/// Creates the topics a stage writes (in one request), checking the
+/// partition counts of those that already exist.
 fn ensure_stage_topics(
     admin: &Admin,
     topics: &StageTopics,
     partitions: usize,
 ) -> anyhow::Result<()> {
-    admin.ensure_topic(&topics.dead_letters, 1, &[])?;
-    if let Some(late) = &topics.late {
-        admin.ensure_topic(late, partitions, &[])?;
-    }
-    match topics.link_partitions {
-        None => {
-            admin.ensure_topic(&topics.output, partitions, &[])?;
-        }
-        Some(expected) => {
-            let count = admin.ensure_topic(&topics.output, expected, &[])?;
-            anyhow::ensure!(
-                count == expected,
-                "stage link topic {} has {count} partitions, expected {expected}",
-                topics.output
-            );
-        }
+    const COMPACTED: &[(&str, &str)] = &[("cleanup.policy", "compact")];
+    let spec = |name, partitions, configs| TopicSpec {
+        name,
+        partitions,
+        configs,
+    };
+    let output_partitions = topics.link_partitions.unwrap_or(partitions);
+    let mut specs = vec![
+        spec(&topics.dead_letters, 1, &[]),
+        spec(&topics.output, output_partitions, &[]),
+    ];
+    specs.extend(topics.late.iter().map(|late| spec(late, partitions, &[])));
+    specs.extend(
+        topics
+            .changelogs
+            .iter()
+            .map(|changelog| spec(changelog, partitions, COMPACTED)),
+    );
+    specs.extend(
+        topics
+            .repartitions
+            .iter()
+            .map(|repartition| spec(repartition, partitions, &[])),
+    );
+    let counts = admin.ensure_topics(&specs)?;
+    let count_of = |name: &str| {
+        specs
+            .iter()
+            .zip(&counts)
+            .find(|(spec, _)| spec.name == name)
+            .map_or(0, |(_, count)| *count)
+    };
+    if let Some(expected) = topics.link_partitions {
+        let count = count_of(&topics.output);
+        anyhow::ensure!(
+            count == expected,
+            "stage link topic {} has {count} partitions, expected {expected}",
+            topics.output
+        );
     }
     for topic in &topics.changelogs {
-        let count = admin.ensure_topic(topic, partitions, &[("cleanup.policy", "compact")])?;
+        let count = count_of(topic);
         anyhow::ensure!(
             count == partitions,
             "changelog topic {topic} has {count} partitions but the inputs have {partitions}; \
@@ -528,7 +575,7 @@ fn ensure_stage_topics(
         );
     }
     for topic in &topics.repartitions {
-        let count = admin.ensure_topic(topic, partitions, &[])?;
+        let count = count_of(topic);
         anyhow::ensure!(
             count == partitions,
             "repartition topic {topic} has {count} partitions, expected {partitions}"
@@ -544,6 +591,7 @@ impl<P: Processor> StagePlan<P> {
         &self,
         env: &ServiceEnv,
         thread: StreamThread,
+        delivery: Delivery,
     ) -> anyhow::Result<GroupConsumer<P>> {
         let args = &env.args;
         let engine = wire_stage(
@@ -564,11 +612,6 @@ impl<P: Processor> StagePlan<P> {
             Clock::System,
             env.shutdown.clone(),
         )?;
-        let transactional_id = self
-            .transactional_base
-            .as_deref()
-            .map(|base| thread.member_id(base));
-        let delivery = Delivery::new(env.client_config.clone(), transactional_id.as_deref())?;
         let restorer = Restorer::new(&env.client_config, &self.application_id)?;
         let stage = KafkaStage {
             engine,

@@ -24,6 +24,14 @@ pub struct PartitionInfo {
     pub high: i64,
 }
 
+/// A topic to create if it does not exist.
+pub struct TopicSpec<'a> {
+    pub name: &'a str,
+    pub partitions: usize,
+    /// Topic configs, e.g. `("cleanup.policy", "compact")`.
+    pub configs: &'a [(&'a str, &'a str)],
+}
+
 /// Admin operations on one cluster.
 pub struct Admin {
     admin: AdminClient<DefaultClientContext>,
@@ -176,26 +184,87 @@ impl Admin {
         partitions: usize,
         configs: &[(&str, &str)],
     ) -> anyhow::Result<usize> {
-        if let Some(count) = self.partition_count(topic)? {
-            return Ok(count);
+        let counts = self.ensure_topics(&[TopicSpec {
+            name: topic,
+            partitions,
+            configs,
+        }])?;
+        Ok(counts[0])
+    }
+
+    /// Creates those of `topics` that do not exist, in one request (the
+    /// controller creates them together: a service's startup does not pay
+    /// one round trip per internal topic); returns every topic's partition
+    /// count, in order.
+    pub fn ensure_topics(&self, topics: &[TopicSpec<'_>]) -> anyhow::Result<Vec<usize>> {
+        let mut counts = Vec::with_capacity(topics.len());
+        for topic in topics {
+            counts.push(self.partition_count(topic.name)?);
         }
-        let mut new_topic = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(-1));
-        for (key, value) in configs {
-            new_topic = new_topic.set(key, value);
-        }
+        let missing: Vec<&TopicSpec<'_>> = topics
+            .iter()
+            .zip(&counts)
+            .filter(|(_, count)| count.is_none())
+            .map(|(topic, _)| topic)
+            .collect();
+        let raced = if missing.is_empty() {
+            Vec::new()
+        } else {
+            self.create(&missing)?
+        };
+        // A topic created here has the partitions asked for; one that
+        // another client created meanwhile is looked up (metadata can lag a
+        // fresh creation briefly).
+        topics
+            .iter()
+            .zip(counts)
+            .map(|(topic, count)| match count {
+                Some(count) => Ok(count),
+                None if raced.contains(&topic.name) => self.wait_for_metadata(topic.name),
+                None => Ok(topic.partitions),
+            })
+            .collect()
+    }
+
+    /// Creates `topics`; returns those that turned out to exist already.
+    fn create<'a>(&self, topics: &[&TopicSpec<'a>]) -> anyhow::Result<Vec<&'a str>> {
+        let new_topics: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|topic| {
+                let mut new_topic = NewTopic::new(
+                    topic.name,
+                    topic.partitions as i32,
+                    TopicReplication::Fixed(-1),
+                );
+                for (key, value) in topic.configs {
+                    new_topic = new_topic.set(key, value);
+                }
+                new_topic
+            })
+            .collect();
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let names = || topics.iter().map(|t| t.name).collect::<Vec<_>>().join(", ");
         let results = self
             .runtime
-            .block_on(self.admin.create_topics([&new_topic], &options))
-            .map_err(|e| anyhow::anyhow!("cannot create topic {topic}: {e}"))?;
-        for result in results {
+            .block_on(self.admin.create_topics(&new_topics, &options))
+            .map_err(|e| anyhow::anyhow!("cannot create topics {}: {e}", names()))?;
+        let mut existing = Vec::new();
+        for (result, topic) in results.into_iter().zip(topics) {
             match result {
-                Ok(_) => tracing::info!(topic, partitions, "created topic"),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Ok(_) => tracing::info!(
+                    topic = topic.name,
+                    partitions = topic.partitions,
+                    "created topic"
+                ),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => existing.push(topic.name),
                 Err((name, code)) => anyhow::bail!("cannot create topic {name}: {code}"),
             }
         }
-        // Metadata can lag a fresh creation briefly.
+        Ok(existing)
+    }
+
+    /// The partition count of a topic that has just appeared.
+    fn wait_for_metadata(&self, topic: &str) -> anyhow::Result<usize> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(count) = self.partition_count(topic)? {
@@ -205,7 +274,7 @@ impl Admin {
                 Instant::now() < deadline,
                 "topic {topic} was created but does not appear in metadata"
             );
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
