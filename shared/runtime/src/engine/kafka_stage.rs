@@ -60,6 +60,12 @@ pub(crate) struct KafkaStage<P: Processor> {
     pub fatal: Option<anyhow::Error>,
     /// The sealed commit whose records are being acknowledged.
     pub in_flight: Option<SealedCommit>,
+    /// After an assignment: the count of consumed records past which the
+    /// first commit is due at once, not a commit interval later. A new or
+    /// restarted instance shows progress (and, exactly-once, its first
+    /// outputs) as soon as it has processed something, instead of having
+    /// spent its first interval on an empty commit before records arrived.
+    pub commit_once_consumed: Option<u64>,
 }
 
 /// A commit sealed and sent, to finish once its records are acknowledged.
@@ -193,16 +199,27 @@ impl<P: Processor> KafkaStage<P> {
         self.send_collected();
         self.phases.lap(Phase::Process, started);
         self.try_finish_commit(consumer)?;
-        if self.in_flight.is_none() && self.engine.commit_due() {
+        if self.in_flight.is_none() && self.commit_due() {
             self.seal_commit(consumer)?;
         }
         Ok(())
+    }
+
+    /// Whether the commit interval has passed, or this is the first commit
+    /// after an assignment and records have been processed.
+    fn commit_due(&self) -> bool {
+        self.engine.commit_due()
+            || self
+                .commit_once_consumed
+                .is_some_and(|consumed| self.engine.consumed_records() > consumed)
     }
 
     /// Whether the loop should stop taking records and call [`Self::tick`]:
     /// a commit is due, or held outputs have grown past their bound.
     pub fn wants_tick(&self) -> bool {
         match self.in_flight {
+            // The first commit after an assignment waits for the tick after
+            // the records at hand, not for the first of them.
             None => self.engine.commit_due(),
             Some(_) => self.engine.collector.held_bytes() > MAX_HELD_BYTES,
         }
@@ -219,6 +236,7 @@ impl<P: Processor> KafkaStage<P> {
     /// announcements go out; the commit finishes later.
     fn seal_commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let sealed_at = Instant::now();
+        self.commit_once_consumed = None;
         let positions = self.engine.prepare_commit()?;
         self.send_collected();
         let generation = self.delivery.seal();
@@ -381,6 +399,7 @@ impl<P: Processor> KafkaStage<P> {
         }
         self.publish_metrics();
         self.metrics.set_ready(true);
+        self.commit_once_consumed = Some(self.engine.consumed_records());
         Ok(())
     }
 

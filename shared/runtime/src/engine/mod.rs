@@ -522,6 +522,15 @@ impl<P: Processor> Engine<P> {
             >= self.settings.commit_interval
     }
 
+    /// Records consumed so far, over all subscriptions.
+    pub fn consumed_records(&self) -> u64 {
+        self.counters
+            .topics
+            .iter()
+            .map(|counts| counts.consumed)
+            .sum()
+    }
+
     /// The records counted so far (see [`RecordCounts`]).
     pub(crate) fn record_counts(&self) -> RecordCounts {
         RecordCounts {
