@@ -105,3 +105,22 @@ fn an_invalid_instance_id_is_refused_with_one_clear_line() {
     assert!(log.contains("not a valid instance id"), "log: {log}");
     assert!(!log.contains("panicked"), "log: {log}");
 }
+
+#[test]
+fn an_instance_fenced_by_another_with_its_instance_id_exits_with_one_clear_line() {
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
+    let mut arguments = run.args(&[]);
+    arguments.extend(args(&["--instance-id", "twin"]));
+    let first = Service::start_with_state("sessionizer", &arguments, fresh_state_dir());
+    first.wait_ready(Duration::from_secs(60));
+    // A second process with the same instance id (a misconfigured
+    // deployment) takes the membership over; the broker fences the first.
+    let second = Service::start_with_state("sessionizer", &arguments, fresh_state_dir());
+    second.wait_ready(Duration::from_secs(60));
+    let (status, log) = first
+        .wait_exit(Duration::from_secs(60))
+        .expect("the fenced instance should stop instead of retrying for ever");
+    assert!(!status.success(), "log: {log}");
+    assert!(log.contains("cannot go on"), "log: {log}");
+    assert!(!log.contains("panicked"), "log: {log}");
+}

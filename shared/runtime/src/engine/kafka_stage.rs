@@ -27,6 +27,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -623,6 +624,16 @@ pub(crate) fn run_stage<P: Processor>(
     result.and(closed)
 }
 
+/// Whether a consumer error ends the consumer for good: librdkafka's fatal
+/// errors, and a static member fenced by another with its instance id.
+/// Retrying those would only hang the thread.
+fn is_fatal(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::FencedInstanceId)
+    )
+}
+
 /// The main loop. The stage's lock is never held while polling, because
 /// rebalance callbacks run inside `poll` and take it.
 fn process_until_shutdown<P: Processor>(
@@ -662,6 +673,9 @@ fn process_until_shutdown<P: Processor>(
                 Ok(message) => {
                     stage.handle(&message)?;
                     poll_started = stage.phases.lap(Phase::Process, polled_at);
+                }
+                Err(error) if is_fatal(&error) => {
+                    anyhow::bail!("the Kafka consumer failed and cannot go on: {error}");
                 }
                 Err(error) => {
                     if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
