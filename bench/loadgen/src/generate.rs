@@ -478,8 +478,8 @@ impl Generator for Marketplace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
     use clap::ValueEnum;
+    use std::collections::HashMap;
 
     fn all(use_case: UseCase, records: u64) -> Vec<Generated> {
         let mut generator = generator(
