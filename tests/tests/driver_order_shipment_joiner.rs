@@ -9,9 +9,10 @@
 //! up waiting for an empty input (`--max-task-idle`), so it takes in the full
 //! merge by event time of its two inputs (orders on a tie: their input comes
 //! first), whatever the order the topics are piped in; [`merged`] is that
-//! order. Once time has passed (`settle`) and the task has given up waiting,
-//! it takes in each record as it comes until both inputs have something
-//! buffered again; tests that rely on that say so.
+//! order. Once time has passed (`settle`) and the task has given up waiting
+//! for an input, it takes in the other input's records as they come until
+//! that input delivers again (then it waits for it again); tests that rely on
+//! that say so.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -608,6 +609,36 @@ fn two_identical_orders_and_three_matching_shipments_give_six_rows() {
 
 /// A shipment that matches several buffered orders emits them in order of
 /// order time, equal times in arrival order.
+/// The merge waits for an empty input each time anew: having once given up
+/// waiting for shipments does not let a later shipment skip the wait for
+/// orders. (The wait used to be one per task, reset only when both inputs
+/// had something buffered at once; taking records as they came never let
+/// that happen, so after one wait ran out the task stopped merging.)
+#[test]
+fn a_task_waits_again_for_an_input_after_a_wait_ran_out() {
+    let mut driver = joiner(&[], 1);
+    let first = order(1, T);
+    pipe_orders(&mut driver, std::slice::from_ref(&first));
+    settle(&mut driver);
+    let shipped = shipment("s1", 1, T + 60);
+    pipe_shipments(&mut driver, std::slice::from_ref(&shipped));
+    assert!(
+        lines(&driver, OUTPUT).is_empty(),
+        "the shipment waits for orders"
+    );
+    let earlier = order(1, T + 30);
+    pipe_orders(&mut driver, std::slice::from_ref(&earlier));
+    assert!(
+        lines(&driver, OUTPUT).is_empty(),
+        "the order goes first and the shipment waits again"
+    );
+    settle(&mut driver);
+    assert_eq!(
+        lines(&driver, OUTPUT),
+        [row(&first, &shipped), row(&earlier, &shipped)]
+    );
+}
+
 #[test]
 fn a_shipment_meets_its_orders_in_order_of_order_time() {
     let mut driver = joiner(&[], 1);
@@ -949,8 +980,9 @@ fn records_behind_the_watermark_are_late_and_not_joined() {
     assert_eq!(late_orders(&driver), 1);
     assert_eq!(late_shipments(&driver), 1);
     // The late topic gets the records as the task read them, in that order
-    // (once the task has given up waiting for an input, `settle`, it takes
-    // in each record as it comes), the re-keyed shipment under its order id.
+    // (the task gave up waiting for orders at `settle` and no order came
+    // since, so it takes the stale shipment in as it comes), the re-keyed
+    // shipment under its order id.
     let late = late_lines(&driver);
     assert_eq!(late.len(), 2, "{late:?}");
     assert_eq!(late[0]["key"], json!("1"));

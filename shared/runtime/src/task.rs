@@ -135,7 +135,9 @@ pub(crate) struct Task<P: Processor> {
     progress_store: StoreIndex,
     pub counters: BTreeMap<&'static str, u64>,
     buffers: Vec<VecDeque<Pending<P::Input>>>,
-    blocked_since: Option<std::time::Instant>,
+    /// Per input, since when a record of another input has been waiting for
+    /// it (see [`Task::next_ready`]).
+    waiting_since: Vec<Option<std::time::Instant>>,
     /// The watermark before the entry being handled: what results written
     /// meanwhile promise the next stage.
     stamp_watermark: i64,
@@ -211,7 +213,7 @@ impl<P: Processor> Task<P> {
             progress_store,
             counters: BTreeMap::new(),
             buffers: kinds.iter().map(|_| VecDeque::new()).collect(),
-            blocked_since: None,
+            waiting_since: vec![None; kinds.len()],
             stamp_watermark: NO_WATERMARK,
             announced: None,
             in_flight: VecDeque::new(),
@@ -268,31 +270,40 @@ impl<P: Processor> Task<P> {
 
     /// The next entry to handle, if one may go now: the buffer head with the
     /// smallest event time once every input has something buffered, or once
-    /// the task has waited `max_idle` for the empty ones.
+    /// the task has waited `max_idle` for each empty one.
+    ///
+    /// The wait is per input and starts over whenever that input has had a
+    /// record: an input that delivered since the last wait ran out is waited
+    /// for again. (One wait for the whole task, reset only when every input
+    /// had something buffered at once, ran out once and then never again while
+    /// records were taken as they came: the joiner then stopped merging
+    /// altogether after any one-second stall.)
     pub fn next_ready(
         &mut self,
         max_idle: Duration,
         now: std::time::Instant,
     ) -> Option<(usize, Pending<P::Input>)> {
         let mut best: Option<(usize, i64)> = None;
-        let mut some_empty = false;
         for (slot, buffer) in self.buffers.iter().enumerate() {
-            match buffer.front() {
-                Some(head) if best.is_none_or(|(_, time)| head.order_time() < time) => {
+            if let Some(head) = buffer.front() {
+                self.waiting_since[slot] = None;
+                if best.is_none_or(|(_, time)| head.order_time() < time) {
                     best = Some((slot, head.order_time()));
                 }
-                Some(_) => {}
-                None => some_empty = true,
             }
         }
         let (slot, time) = best?;
-        if some_empty && time != i64::MIN {
-            let since = *self.blocked_since.get_or_insert(now);
-            if now.saturating_duration_since(since) < max_idle {
+        if time != i64::MIN {
+            let mut waiting = false;
+            for (buffer, since) in self.buffers.iter().zip(&mut self.waiting_since) {
+                if buffer.is_empty() {
+                    let since = *since.get_or_insert(now);
+                    waiting |= now.saturating_duration_since(since) < max_idle;
+                }
+            }
+            if waiting {
                 return None;
             }
-        } else if !some_empty {
-            self.blocked_since = None;
         }
         self.buffers[slot].pop_front().map(|entry| (slot, entry))
     }
@@ -301,7 +312,7 @@ impl<P: Processor> Task<P> {
     pub fn rollback(&mut self, now: Now) -> anyhow::Result<()> {
         self.in_flight.clear();
         self.buffers.iter_mut().for_each(VecDeque::clear);
-        self.blocked_since = None;
+        self.waiting_since.fill(None);
         self.announced = None;
         self.store.discard_uncommitted();
         self.counters.clear();

@@ -32,7 +32,7 @@ use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::{Engine, Incoming};
-use crate::collector::{ChangelogPartition, Headers, RecordView};
+use crate::collector::{ChangelogPartition, Collector, Headers, RecordView};
 use crate::config::ProcessingGuarantee;
 use crate::delivery::{CommitError, Delivery, Generation, Outgoing, UNTRACKED};
 use crate::metrics::{Phase, PhaseTimes, StageMetrics};
@@ -157,14 +157,19 @@ impl<P: Processor> KafkaStage<P> {
             return Ok(());
         };
         let announcement = message.headers().and_then(Announcement::from_headers);
-        self.engine.handle(Incoming {
-            subscription,
-            partition: message.partition(),
-            offset: message.offset(),
-            key: message.key(),
-            value: message.payload(),
-            announcement,
-        })?;
+        let hold = self.holds_output();
+        let delivery = &mut self.delivery;
+        self.engine.handle(
+            Incoming {
+                subscription,
+                partition: message.partition(),
+                offset: message.offset(),
+                key: message.key(),
+                value: message.payload(),
+                announcement,
+            },
+            &mut |collector| send(collector, delivery, hold),
+        )?;
         self.send_collected();
         Ok(())
     }
@@ -172,22 +177,14 @@ impl<P: Processor> KafkaStage<P> {
     /// Moves everything the engine collected into the producer's queue,
     /// unless it belongs to the transaction after the one in flight.
     fn send_collected(&mut self) {
-        if self.in_flight.is_some() && self.delivery.is_transactional() {
-            return;
-        }
-        let delivery = &mut self.delivery;
-        self.engine.collector.drain(|record| {
-            delivery.send(Outgoing {
-                topic: record.topic,
-                partition: record.partition,
-                key: record.key,
-                payload: record.value,
-                headers: kafka_headers(&record),
-                tag: record
-                    .changelog
-                    .map_or(UNTRACKED, ChangelogPartition::delivery_tag),
-            });
-        });
+        let hold = self.holds_output();
+        send(&mut self.engine.collector, &mut self.delivery, hold);
+    }
+
+    /// Whether collected records must wait: they belong to the transaction
+    /// after the one in flight.
+    fn holds_output(&self) -> bool {
+        self.in_flight.is_some() && self.delivery.is_transactional()
     }
 
     /// Serves delivery reports, lets time act, finishes the commit in flight
@@ -196,7 +193,10 @@ impl<P: Processor> KafkaStage<P> {
     pub fn tick(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let started = Instant::now();
         self.delivery.poll();
-        self.engine.tick()?;
+        let hold = self.holds_output();
+        let delivery = &mut self.delivery;
+        self.engine
+            .tick(&mut |collector| send(collector, delivery, hold))?;
         self.send_collected();
         self.phases.lap(Phase::Process, started);
         self.try_finish_commit(consumer)?;
@@ -632,6 +632,25 @@ fn is_fatal(error: &KafkaError) -> bool {
         error.rdkafka_error_code(),
         Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::FencedInstanceId)
     )
+}
+
+/// Moves everything in `collector` into the producer's queue, unless `hold`.
+fn send(collector: &mut Collector, delivery: &mut Delivery, hold: bool) {
+    if hold {
+        return;
+    }
+    collector.drain(|record| {
+        delivery.send(Outgoing {
+            topic: record.topic,
+            partition: record.partition,
+            key: record.key,
+            payload: record.value,
+            headers: kafka_headers(&record),
+            tag: record
+                .changelog
+                .map_or(UNTRACKED, ChangelogPartition::delivery_tag),
+        });
+    });
 }
 
 /// The main loop. The stage's lock is never held while polling, because
