@@ -207,12 +207,14 @@ impl<P: Processor> KafkaStage<P> {
     }
 
     /// Whether the commit interval has passed, or this is the first commit
-    /// after an assignment and records have been processed.
+    /// after an assignment, records have been processed and no job is in
+    /// flight (a commit waits for jobs: an early one would stop processing
+    /// for them, which the interval's commit does only once per interval).
     fn commit_due(&self) -> bool {
         self.engine.commit_due()
-            || self
-                .commit_once_consumed
-                .is_some_and(|consumed| self.engine.consumed_records() > consumed)
+            || self.commit_once_consumed.is_some_and(|consumed| {
+                self.engine.consumed_records() > consumed && !self.engine.has_jobs()
+            })
     }
 
     /// Whether the loop should stop taking records and call [`Self::tick`]:

@@ -510,9 +510,14 @@ impl<P: Processor> Engine<P> {
         Ok(())
     }
 
+    /// Whether a task has started jobs that have not completed.
+    pub fn has_jobs(&self) -> bool {
+        self.tasks.values().any(Task::has_jobs)
+    }
+
     /// Waits for every started job and runs its completion (before a commit).
     pub fn finish_jobs(&mut self) -> anyhow::Result<()> {
-        if !self.tasks.values().any(Task::has_jobs) {
+        if !self.has_jobs() {
             return Ok(());
         }
         let mut env = TaskEnv {
