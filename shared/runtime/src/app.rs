@@ -18,6 +18,7 @@ use crate::config::{LogFormat, RuntimeArgs};
 use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
 use crate::processor::Processor;
+use crate::standby::StandbyUpdater;
 use crate::startup::{prepare_stage, ServiceEnv, StreamThread};
 use crate::state::store::StateResources;
 use crate::testing::{driver_stage, DriverEnv, DriverStage};
@@ -143,6 +144,7 @@ impl Pipeline {
     }
 
     fn run_stages(self) -> anyhow::Result<()> {
+        self.args.check()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -258,16 +260,17 @@ impl<P: Processor> StageSpec for Stage<P> {
             processor,
         } = *self;
         let threads = prepare_stage(env, name, topology, processor)?;
-        Ok(threads
-            .into_iter()
-            .map(|(thread, consumer)| {
-                Box::new(RunningStage {
-                    thread,
-                    consumer,
-                    shutdown: env.shutdown.clone(),
-                }) as Box<dyn PreparedStage>
-            })
-            .collect())
+        let processing = threads.processing.into_iter().map(|(thread, consumer)| {
+            Box::new(RunningStage {
+                thread,
+                consumer,
+                shutdown: env.shutdown.clone(),
+            }) as Box<dyn PreparedStage>
+        });
+        let standby = threads
+            .standby
+            .map(|standby| Box::new(standby) as Box<dyn PreparedStage>);
+        Ok(processing.chain(standby).collect())
     }
 
     fn into_driver_stage(
@@ -294,6 +297,13 @@ impl<P: Processor> PreparedStage for RunningStage<P> {
         };
         let _entered = span.enter();
         run_stage(self.consumer, &self.shutdown)
+    }
+}
+
+impl PreparedStage for StandbyUpdater {
+    fn run(self: Box<Self>) -> anyhow::Result<()> {
+        let _entered = tracing::info_span!("standby").entered();
+        StandbyUpdater::run(*self)
     }
 }
 

@@ -109,6 +109,13 @@ pub struct RuntimeArgs {
     #[arg(long, env = "STREAM_THREADS", default_value_t = 1, value_parser = parse_stream_threads)]
     pub stream_threads: usize,
 
+    /// Warm copies of other instances' tasks that this instance keeps, per
+    /// task (Kafka Streams' `num.standby.replicas`): a task that
+    /// moves here after its instance fails restores only the changelog tail.
+    /// Needs exactly_once_v2 and the classic group protocol.
+    #[arg(long, env = "STANDBY_REPLICAS", default_value_t = 0)]
+    pub standby_replicas: usize,
+
     /// When an input partition delivers nothing for this long (wall clock), it
     /// stops holding the watermark back. Off by default: results stay replayable.
     #[arg(long, env = "IDLE_TIMEOUT")]
@@ -180,6 +187,24 @@ fn parse_stream_threads(text: &str) -> Result<usize, String> {
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9090";
 
 impl RuntimeArgs {
+    /// Checks the combinations of flags that clap cannot.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.standby_replicas > 0 {
+            anyhow::ensure!(
+                self.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2,
+                "--standby-replicas needs --processing-guarantee exactly_once_v2: under \
+                 at_least_once a changelog can run ahead of the committed offsets, and a \
+                 standby copy that far ahead cannot be taken over safely"
+            );
+            anyhow::ensure!(
+                self.group_protocol == GroupProtocol::Classic,
+                "--standby-replicas needs --group-protocol classic: standbys are placed \
+                 from the group's assignments, which the consumer protocol does not describe"
+            );
+        }
+        Ok(())
+    }
+
     /// The application id, or `default` (the service name) when none was given.
     pub fn application_id_or(&self, default: &str) -> String {
         self.application_id
@@ -212,6 +237,23 @@ mod tests {
     fn parse(args: &[&str]) -> Result<RuntimeArgs, clap::Error> {
         Flags::try_parse_from(std::iter::once("service").chain(args.iter().copied()))
             .map(|flags| flags.runtime)
+    }
+
+    #[test]
+    fn standby_replicas_need_exactly_once_and_the_classic_protocol() {
+        let check = |flags: &[&str]| parse(flags).unwrap().check();
+        assert!(check(&["--standby-replicas", "1"]).is_ok());
+        let at_least_once = check(&[
+            "--standby-replicas",
+            "1",
+            "--processing-guarantee",
+            "at_least_once",
+        ])
+        .unwrap_err();
+        assert!(at_least_once.to_string().contains("exactly_once_v2"));
+        let consumer = check(&["--standby-replicas", "2", "--group-protocol", "consumer"]);
+        assert!(consumer.unwrap_err().to_string().contains("classic"));
+        assert!(check(&["--processing-guarantee", "at_least_once"]).is_ok());
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub mod metrics;
 mod output;
 pub mod processor;
 mod restore;
+mod standby;
 mod startup;
 pub mod state;
 mod task;

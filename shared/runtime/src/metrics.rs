@@ -22,6 +22,13 @@ pub const RECORDS_LATE: &str = "streams_records_late_total";
 pub const RECORDS_DEAD_LETTERED: &str = "streams_records_dead_lettered_total";
 /// Changelog records replayed into local state.
 pub const RESTORED_RECORDS: &str = "streams_restored_records_total";
+/// Standby tasks this instance keeps (`--standby-replicas`).
+pub const STANDBY_TASKS: &str = "streams_standby_tasks";
+/// Changelog records applied to standby tasks.
+pub const STANDBY_RECORDS: &str = "streams_standby_records_total";
+/// Records the standby tasks are behind their changelogs' ends, summed
+/// (-1 while an end cannot be read).
+pub const STANDBY_LAG: &str = "streams_standby_lag_records";
 /// Commits (transactions under exactly-once) completed.
 pub const COMMITS: &str = "streams_commits_total";
 /// Commits rolled back.

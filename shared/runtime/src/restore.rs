@@ -34,7 +34,14 @@ impl Restorer {
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")
             .set("enable.partition.eof", "false")
-            .set("fetch.max.bytes", "52428800");
+            .set("fetch.max.bytes", "52428800")
+            // A consumer has one fetch per broker in flight. At the end of a
+            // task's changelogs that fetch waits at the broker for new data
+            // (`fetch.wait.max.ms`, 500 ms by default), and the next task's
+            // changelogs, assigned meanwhile, are fetched only after it:
+            // measured, ~450 ms per task opened after the first, even with
+            // nothing to restore.
+            .set("fetch.wait.max.ms", "10");
         crate::startup::prefetch_eagerly(&mut config);
         let consumer = config
             .create()

@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 use crate::output::OutputEncoder;
 use crate::processor::Processor;
 use crate::restore::Restorer;
+use crate::standby::{client_id, ActiveTasks, StandbySettings, StandbyUpdater};
 use crate::state::store::StateResources;
 use crate::task::{EventTimeSettings, InputKind};
 use crate::time::Idleness;
@@ -328,6 +329,15 @@ fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
+/// The name of processing thread `index` of instance `base`, for what must
+/// be unique per client of the group (see [`StreamThread::member_id`]).
+pub(crate) fn member_id(base: &str, index: usize) -> String {
+    match index {
+        0 => base.to_string(),
+        index => format!("{base}-{index}"),
+    }
+}
+
 /// One processing thread of a stage (`--stream-threads`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StreamThread {
@@ -348,10 +358,7 @@ impl StreamThread {
     /// fences its predecessor's transactions and takes its static membership
     /// over at once. Thread *i* adds `-<i>`.
     pub fn member_id(&self, base: &str) -> String {
-        match self.index {
-            0 => base.to_string(),
-            index => format!("{base}-{index}"),
-        }
+        member_id(base, self.index)
     }
 
     /// The `thread` label of this thread's metrics and logs: none when the
@@ -376,9 +383,21 @@ struct StagePlan<P: Processor> {
     registry: Registry,
     idleness: Idleness,
     state_dir: PathBuf,
+    /// This instance's name: `--instance-id`, or the id kept in the state
+    /// directory.
+    instance: String,
+    /// The tasks this process's threads have open, for the standby thread.
+    active: Arc<ActiveTasks>,
     /// Each processing thread's producer, initialised (transactions
     /// included), in thread order.
     deliveries: Vec<Delivery>,
+}
+
+/// A stage's threads, ready to run: its processing threads (each with its
+/// consumer) and, with `--standby-replicas`, its standby thread.
+pub(crate) struct PreparedThreads<P: Processor> {
+    pub processing: Vec<(StreamThread, GroupConsumer<P>)>,
+    pub standby: Option<StandbyUpdater>,
 }
 
 /// Checks and creates stage `name`'s topics, then builds every processing
@@ -389,7 +408,7 @@ pub(crate) fn prepare_stage<P: Processor>(
     name: Option<&'static str>,
     topology: Topology<P::Input>,
     processor: P,
-) -> anyhow::Result<Vec<(StreamThread, GroupConsumer<P>)>> {
+) -> anyhow::Result<PreparedThreads<P>> {
     let mut plan = plan_stage(env, name, topology, processor)?;
     let threads = env.args.stream_threads;
     if threads > plan.partitions {
@@ -414,15 +433,23 @@ pub(crate) fn prepare_stage<P: Processor>(
     for (_, consumer) in &consumers {
         topics = subscribe(consumer)?;
     }
+    let standby = match env.args.standby_replicas {
+        0 => None,
+        replicas => Some(plan.standby_updater(env, replicas, &consumers[0].1)?),
+    };
     tracing::info!(
         application_id = plan.application_id,
         partitions = plan.partitions,
         threads,
         topics = ?topics,
         guarantee = ?env.args.processing_guarantee,
+        standby_replicas = env.args.standby_replicas,
         "started"
     );
-    Ok(consumers)
+    Ok(PreparedThreads {
+        processing: consumers,
+        standby,
+    })
 }
 
 /// The startup checks of stage `name`, its topics and its output schema.
@@ -458,14 +485,12 @@ fn plan_stage<P: Processor>(
         partitions,
         late_topic,
     )?;
+    let instance = match &args.instance_id {
+        Some(instance) => instance.clone(),
+        None => instance_id(&state_dir)?,
+    };
     let transactional_base = match args.processing_guarantee {
-        ProcessingGuarantee::ExactlyOnceV2 => {
-            let instance = match &args.instance_id {
-                Some(instance) => instance.clone(),
-                None => instance_id(&state_dir)?,
-            };
-            Some(format!("{application_id}-{instance}"))
-        }
+        ProcessingGuarantee::ExactlyOnceV2 => Some(format!("{application_id}-{instance}")),
         ProcessingGuarantee::AtLeastOnce => None,
     };
 
@@ -515,6 +540,8 @@ fn plan_stage<P: Processor>(
         registry,
         idleness,
         state_dir,
+        instance,
+        active: Arc::default(),
         deliveries,
     })
 }
@@ -619,6 +646,7 @@ impl<P: Processor> StagePlan<P> {
             restorer,
             guarantee: args.processing_guarantee,
             state_dir: self.state_dir.clone(),
+            active: self.active.clone(),
             resources: env.state_resources.clone(),
             metrics: env.metrics.add_thread(self.name, thread.label()),
             phases: Default::default(),
@@ -632,11 +660,56 @@ impl<P: Processor> StagePlan<P> {
         let context = StageContext {
             stage: Mutex::new(Some(stage)),
         };
-        let consumer: GroupConsumer<P> =
-            group_consumer_config(env, &self.application_id, group_instance_id.as_deref())
-                .create_with_context(context)
-                .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
+        let consumer: GroupConsumer<P> = group_consumer_config(
+            env,
+            &self.application_id,
+            &client_id(&self.instance, thread.index),
+            group_instance_id.as_deref(),
+        )
+        .create_with_context(context)
+        .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
         Ok(consumer)
+    }
+}
+
+impl<P: Processor> StagePlan<P> {
+    /// The stage's standby thread, keeping `replicas` copies per task;
+    /// `consumer` is one of its processing threads' (for the task topics).
+    fn standby_updater(
+        &self,
+        env: &ServiceEnv,
+        replicas: usize,
+        consumer: &GroupConsumer<P>,
+    ) -> anyhow::Result<StandbyUpdater> {
+        let task_topics = {
+            let guard = consumer.context().stage.lock().unwrap();
+            let stage = guard.as_ref().expect("a built stage");
+            stage
+                .engine
+                .task_topics()
+                .into_iter()
+                .map(|(_, topic)| topic)
+                .collect()
+        };
+        let settings = StandbySettings {
+            replicas,
+            group: self.application_id.clone(),
+            instance: self.instance.clone(),
+            static_members: env.args.instance_id.is_some(),
+            task_topics,
+            changelogs: self.topics.changelogs.clone(),
+            store_names: self.topics.store_names.clone(),
+            tasks: self.partitions,
+            state_dir: self.state_dir.clone(),
+        };
+        StandbyUpdater::new(
+            settings,
+            &env.client_config,
+            env.state_resources.clone(),
+            self.active.clone(),
+            env.metrics.add_thread(self.name, None),
+            env.shutdown.clone(),
+        )
     }
 }
 
@@ -661,11 +734,13 @@ fn subscribe<P: Processor>(consumer: &GroupConsumer<P>) -> anyhow::Result<Vec<St
 fn group_consumer_config(
     env: &ServiceEnv,
     application_id: &str,
+    client_id: &str,
     group_instance_id: Option<&str>,
 ) -> ClientConfig {
     let mut config = env.client_config.clone();
     config
         .set("group.id", application_id)
+        .set("client.id", client_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")

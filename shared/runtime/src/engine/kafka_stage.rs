@@ -23,7 +23,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -38,6 +38,7 @@ use crate::delivery::{CommitError, Delivery, Generation, Outgoing, UNTRACKED};
 use crate::metrics::{Phase, PhaseTimes, StageMetrics};
 use crate::processor::Processor;
 use crate::restore::Restorer;
+use crate::standby::ActiveTasks;
 use crate::state::store::{StateResources, TaskStore};
 use crate::task::stored_positions;
 use crate::watermark::Announcement;
@@ -49,6 +50,8 @@ pub(crate) struct KafkaStage<P: Processor> {
     pub restorer: Restorer,
     pub guarantee: ProcessingGuarantee,
     pub state_dir: PathBuf,
+    /// The tasks open in this process, shared with the standby thread.
+    pub active: Arc<ActiveTasks>,
     pub resources: StateResources,
     pub metrics: StageMetrics,
     /// Where the processing thread's time goes.
@@ -437,6 +440,7 @@ impl<P: Processor> KafkaStage<P> {
             return Ok(());
         }
         let started = Instant::now();
+        self.active.set(partition, true);
         let store = self.open_store(consumer, partition)?;
         self.engine.open_task(partition, store)?;
         tracing::info!(
@@ -561,6 +565,7 @@ impl<P: Processor> KafkaStage<P> {
                 consumer.seek(topic, partition, offset, Duration::from_secs(10))?;
             }
             self.settle_task(consumer, partition)?;
+            self.active.set(partition, self.engine.has_task(partition));
             if !self.owned.iter().any(|(_, p)| *p == partition) {
                 self.incomplete.remove(&partition);
             }

@@ -1,0 +1,381 @@
+//! Standby replicas (`--standby-replicas N`, Kafka Streams'
+//! `num.standby.replicas`): warm copies of other instances' tasks.
+//!
+//! Each stage of an instance runs one standby thread beside its processing
+//! threads. Every [`REFRESH`] it looks at its consumer group's description
+//! (members, client ids, assignments, read by the [`watcher`]), works out
+//! which tasks it keeps with the rule in [`placement`], and tails those tasks' changelog partitions
+//! (read_committed: committed state only) into their local stores, exactly
+//! where the task would keep its state: `<state-dir>/<stage>/task-<p>`, with
+//! the same per-store checkpoints a restore writes. When the task then moves
+//! here, opening it restores only what the changelog gained since the last
+//! write of the standby: the tail.
+//!
+//! A task that becomes active in this process is handed over through
+//! [`ActiveTasks`]: the processing thread marks it before opening its store;
+//! the standby thread sees the mark within one poll, writes what it has
+//! staged and closes the store, which the processing thread is waiting to
+//! open (see [`TaskStore::open_when_unlocked`]).
+//!
+//! Standbys need exactly-once: under at-least-once a changelog can be ahead
+//! of the committed input offsets, and a copy that far ahead cannot be
+//! trusted by the next owner (see `docs/fault-tolerance.md`).
+
+pub(crate) mod placement;
+mod watcher;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::metrics::{Snapshot, StageMetrics, STANDBY_LAG, STANDBY_RECORDS, STANDBY_TASKS};
+use crate::state::store::{RestoreBatch, StateResources, TaskStore};
+use placement::standby_tasks;
+use watcher::GroupWatcher;
+
+/// How often the group's membership and the changelog ends are read.
+const REFRESH: Duration = Duration::from_secs(1);
+/// Changelog records staged per task before they are written to RocksDB.
+const WRITE_BATCH: usize = 10_000;
+
+/// The tasks a stage's processing threads have open (or are opening) in this
+/// process: the standby thread keeps its hands off them.
+#[derive(Default)]
+pub(crate) struct ActiveTasks {
+    tasks: Mutex<BTreeSet<i32>>,
+    /// Bumped on every change, so that the standby thread can check for one
+    /// between two records without taking the lock.
+    changes: AtomicU64,
+}
+
+impl ActiveTasks {
+    /// Marks task `partition` active (about to be opened) or not (closed).
+    pub fn set(&self, partition: i32, active: bool) {
+        let mut tasks = self.tasks.lock().unwrap();
+        let changed = if active {
+            tasks.insert(partition)
+        } else {
+            tasks.remove(&partition)
+        };
+        if changed {
+            self.changes.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    fn snapshot(&self) -> BTreeSet<i32> {
+        self.tasks.lock().unwrap().clone()
+    }
+}
+
+/// How a member of the stage's group is named, so that every instance can
+/// tell which process a member belongs to and sort members as the range
+/// assignor does. `client.id` is `<instance>/<thread>`.
+pub(crate) fn client_id(instance: &str, thread: usize) -> String {
+    format!("{instance}/{thread}")
+}
+
+/// What the standby thread of a stage needs to know about it.
+pub(crate) struct StandbySettings {
+    pub replicas: usize,
+    /// The stage's consumer group.
+    pub group: String,
+    /// This instance's name, as in its members' client ids.
+    pub instance: String,
+    /// Whether members are static (`--instance-id`): the range assignor then
+    /// orders them by `group.instance.id` instead of member id.
+    pub static_members: bool,
+    /// Topics whose partition *p* belongs to task *p*.
+    pub task_topics: Vec<String>,
+    /// The changelog topic of each store, by store index.
+    pub changelogs: Vec<String>,
+    pub store_names: Vec<String>,
+    pub tasks: usize,
+    pub state_dir: PathBuf,
+}
+
+/// A standby task: its store and what is staged for it.
+struct Standby {
+    store: TaskStore,
+    batch: RestoreBatch,
+}
+
+/// The standby thread of a stage.
+pub(crate) struct StandbyUpdater {
+    settings: StandbySettings,
+    consumer: BaseConsumer,
+    watcher: Arc<GroupWatcher>,
+    resources: StateResources,
+    active: Arc<ActiveTasks>,
+    metrics: StageMetrics,
+    shutdown: Arc<AtomicBool>,
+    standbys: BTreeMap<i32, Standby>,
+    /// The [`ActiveTasks`] change count last looked at.
+    seen_changes: u64,
+    /// The watcher's observation last acted on.
+    seen_round: u64,
+    applied: u64,
+    lag: i64,
+}
+
+impl StandbyUpdater {
+    pub fn new(
+        settings: StandbySettings,
+        base: &ClientConfig,
+        resources: StateResources,
+        active: Arc<ActiveTasks>,
+        metrics: StageMetrics,
+        shutdown: Arc<AtomicBool>,
+    ) -> anyhow::Result<Self> {
+        let mut config = base.clone();
+        config
+            .set("group.id", format!("{}-standby", settings.group))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "false");
+        crate::startup::prefetch_eagerly(&mut config);
+        let consumer = config
+            .create()
+            .map_err(|e| anyhow::anyhow!("cannot create the standby consumer: {e}"))?;
+        let watcher = GroupWatcher::new(
+            base,
+            &settings.group,
+            settings.task_topics.clone(),
+            settings.static_members,
+        )?;
+        metrics.set_ready(true);
+        Ok(StandbyUpdater {
+            settings,
+            consumer,
+            watcher: Arc::new(watcher),
+            resources,
+            active,
+            metrics,
+            shutdown,
+            standbys: BTreeMap::new(),
+            seen_changes: 0,
+            seen_round: 0,
+            applied: 0,
+            lag: 0,
+        })
+    }
+
+    /// Keeps the standbys up to date until shutdown, then writes what is
+    /// staged; the watcher runs beside it. Broker errors are logged and
+    /// retried: standbys only save restore time, they never stop the
+    /// service. Only a failing local store is an error.
+    pub fn run(mut self) -> anyhow::Result<()> {
+        let watcher = self.watcher.clone();
+        let shutdown = self.shutdown.clone();
+        std::thread::scope(|scope| {
+            scope.spawn(|| watcher.run(&shutdown));
+            let result = self.update_until_shutdown();
+            // A failure stops the service; the watcher stops with it.
+            if result.is_err() {
+                shutdown.store(true, Ordering::Relaxed);
+            }
+            result
+        })
+    }
+
+    fn update_until_shutdown(&mut self) -> anyhow::Result<()> {
+        while !self.shutdown.load(Ordering::Relaxed) {
+            self.hand_over_activated()?;
+            self.refresh()?;
+            match self.consumer.poll(Duration::from_millis(50)) {
+                Some(Ok(message)) => {
+                    let partition = message.partition();
+                    let store_index = self
+                        .settings
+                        .changelogs
+                        .iter()
+                        .position(|topic| topic == message.topic());
+                    let (Some(standby), Some(store_index)) =
+                        (self.standbys.get_mut(&partition), store_index)
+                    else {
+                        continue;
+                    };
+                    standby.store.stage_restored(
+                        &mut standby.batch,
+                        store_index,
+                        message.offset(),
+                        message.key().unwrap_or_default(),
+                        message.payload(),
+                    );
+                    self.applied += 1;
+                    if standby.batch.records() >= WRITE_BATCH {
+                        write_staged(standby)?;
+                    }
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "standby: error while reading changelogs")
+                }
+                None => self.write_all()?,
+            }
+        }
+        self.write_all()
+    }
+
+    /// Closes the standbys of tasks a processing thread of this process is
+    /// opening, after writing what is staged for them.
+    fn hand_over_activated(&mut self) -> anyhow::Result<()> {
+        let changes = self.active.changes();
+        if changes == self.seen_changes {
+            return Ok(());
+        }
+        self.seen_changes = changes;
+        let active = self.active.snapshot();
+        let activated: Vec<i32> = self
+            .standbys
+            .keys()
+            .filter(|task| active.contains(task))
+            .copied()
+            .collect();
+        if activated.is_empty() {
+            return Ok(());
+        }
+        for task in activated {
+            let mut standby = self.standbys.remove(&task).expect("a standby");
+            write_staged(&mut standby)?;
+            tracing::info!(task, "standby handed over to the active task");
+        }
+        self.assign()
+    }
+
+    /// Acts on a new observation of the watcher, if there is one: starts
+    /// or stops standbys to match the placement, and publishes the standby
+    /// metrics.
+    fn refresh(&mut self) -> anyhow::Result<()> {
+        let observed = self.watcher.observed();
+        if observed.round == self.seen_round {
+            return Ok(());
+        }
+        self.seen_round = observed.round;
+        if let Some(members) = &observed.members {
+            let active = self.active.snapshot();
+            let wanted: BTreeSet<i32> = standby_tasks(
+                members,
+                &self.settings.instance,
+                self.settings.tasks,
+                self.settings.replicas,
+            )
+            .into_iter()
+            .filter(|task| !active.contains(task))
+            .collect();
+            let current: BTreeSet<i32> = self.standbys.keys().copied().collect();
+            if wanted != current {
+                for task in current.difference(&wanted) {
+                    let mut standby = self.standbys.remove(task).expect("a standby");
+                    write_staged(&mut standby)?;
+                    tracing::info!(task, "standby dropped");
+                }
+                for task in wanted.difference(&current) {
+                    self.open(*task);
+                }
+                self.assign()?;
+            }
+        }
+        self.lag = self.lag(&observed.ends)?;
+        self.publish();
+        Ok(())
+    }
+
+    /// Opens the local store of task `task` as a standby. A store still held
+    /// by a processing thread that is closing it is tried again at the next
+    /// refresh.
+    fn open(&mut self, task: i32) {
+        let path = self.settings.state_dir.join(format!("task-{task}"));
+        match TaskStore::open(&path, &self.settings.store_names, &self.resources) {
+            Ok(store) => {
+                let batch = store.restore_batch();
+                tracing::info!(task, "standby started");
+                self.standbys.insert(task, Standby { store, batch });
+            }
+            Err(error) => tracing::info!(task, %error, "standby not started yet"),
+        }
+    }
+
+    /// Points the consumer at every standby's changelog partitions, each
+    /// from just past its store's checkpoint.
+    fn assign(&mut self) -> anyhow::Result<()> {
+        let mut assignment = TopicPartitionList::new();
+        for (task, standby) in &self.standbys {
+            for (index, topic) in self.settings.changelogs.iter().enumerate() {
+                let offset = match standby.store.checkpoint(index)? {
+                    Some(offset) => Offset::Offset(offset + 1),
+                    None => Offset::Beginning,
+                };
+                assignment.add_partition_offset(topic, *task, offset)?;
+            }
+        }
+        self.consumer.assign(&assignment)?;
+        self.watcher.watch(
+            assignment
+                .elements()
+                .iter()
+                .map(|element| (element.topic().to_string(), element.partition()))
+                .collect(),
+        );
+        Ok(())
+    }
+
+    /// Records the standbys are behind the changelog ends in `ends`,
+    /// summed; -1 while an end is not known yet.
+    fn lag(&self, ends: &HashMap<(String, i32), i64>) -> anyhow::Result<i64> {
+        let positions = self.consumer.position()?;
+        let mut lag = 0;
+        for (task, standby) in &self.standbys {
+            for (index, topic) in self.settings.changelogs.iter().enumerate() {
+                let Some(end) = ends.get(&(topic.clone(), *task)) else {
+                    return Ok(-1);
+                };
+                // The consumer's position moves past transaction markers;
+                // before anything is fetched it is unset, and the standby
+                // stands where it was assigned: past its checkpoint.
+                let position = match positions.find_partition(topic, *task).map(|e| e.offset()) {
+                    Some(Offset::Offset(offset)) => offset,
+                    _ => match standby.store.checkpoint(index)? {
+                        Some(checkpoint) => checkpoint + 1,
+                        None => 0,
+                    },
+                };
+                lag += (end - position).max(0);
+            }
+        }
+        Ok(lag)
+    }
+
+    fn write_all(&mut self) -> anyhow::Result<()> {
+        for standby in self.standbys.values_mut() {
+            write_staged(standby)?;
+        }
+        Ok(())
+    }
+
+    fn publish(&self) {
+        let mut snapshot = Snapshot::default();
+        snapshot.set(STANDBY_TASKS, vec![], self.standbys.len() as f64);
+        snapshot.set(STANDBY_LAG, vec![], self.lag as f64);
+        snapshot.add(STANDBY_RECORDS, vec![], self.applied);
+        self.metrics.publish(snapshot);
+    }
+}
+
+/// Writes what is staged for `standby`, with its checkpoints.
+fn write_staged(standby: &mut Standby) -> anyhow::Result<()> {
+    if standby.batch.records() == 0 {
+        return Ok(());
+    }
+    let batch = std::mem::replace(&mut standby.batch, standby.store.restore_batch());
+    standby.store.write_restored(batch)
+}
