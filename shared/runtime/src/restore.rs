@@ -19,6 +19,67 @@ const RESTORE_BATCH: usize = 10_000;
 /// (transaction markers and aborted records at the tail are never delivered).
 const IDLE_END: Duration = Duration::from_secs(2);
 
+/// How far into each of a task's changelogs (by store index) a commit of
+/// its input offsets reaches: the offset of the last changelog record that
+/// belongs to committed work, `None` for a changelog none of whose records
+/// does.
+///
+/// Under exactly-once the changelogs are read `read_committed` and hold only
+/// committed work. Under at-least-once a commit writes its changelog records
+/// first and its input offsets after them, so a crash in between leaves
+/// records of work whose input will be processed again; restoring them would
+/// apply that input twice (or, with the input positions kept in state, skip
+/// input whose outputs never went out). So each at-least-once offset commit
+/// carries this reach in its metadata, and a restore stops there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChangelogReach(pub Vec<Option<i64>>);
+
+impl ChangelogReach {
+    const PREFIX: &'static str = "streams.changelogs=";
+
+    /// The reach when nothing was ever committed: no changelog record counts.
+    pub fn nothing(stores: usize) -> Self {
+        ChangelogReach(vec![None; stores])
+    }
+
+    /// The offset commit metadata: `streams.changelogs=12,-,40`.
+    pub fn to_metadata(&self) -> String {
+        let offsets: Vec<String> = self
+            .0
+            .iter()
+            .map(|offset| offset.map_or("-".to_string(), |offset| offset.to_string()))
+            .collect();
+        format!("{}{}", Self::PREFIX, offsets.join(","))
+    }
+
+    /// Reads [`ChangelogReach::to_metadata`]'s text back, for `stores` stores.
+    pub fn from_metadata(text: &str, stores: usize) -> Option<Self> {
+        let offsets = text
+            .strip_prefix(Self::PREFIX)?
+            .split(',')
+            .map(|offset| match offset {
+                "-" => Some(None),
+                offset => offset.parse().ok().map(Some),
+            })
+            .collect::<Option<Vec<Option<i64>>>>()?;
+        (offsets.len() == stores).then_some(ChangelogReach(offsets))
+    }
+
+    /// The further of the two reaches, store by store: commits only move
+    /// forward, so of the reaches kept on a task's input partitions the
+    /// furthest is the last commit's (a partition the last commit did not
+    /// include still carries an older one).
+    pub fn furthest(self, other: Self) -> Self {
+        ChangelogReach(
+            self.0
+                .into_iter()
+                .zip(other.0)
+                .map(|(a, b)| a.max(b))
+                .collect(),
+        )
+    }
+}
+
 /// Reads changelog partitions into task stores.
 pub(crate) struct Restorer {
     consumer: BaseConsumer,
@@ -49,8 +110,9 @@ impl Restorer {
         Ok(Restorer { consumer })
     }
 
-    /// Brings every store of `store` up to the end of its changelog partition.
-    /// Returns the number of changelog records applied.
+    /// Brings every store of `store` up to the end of its changelog
+    /// partition, or only as far as `reach` when given. Returns the number of
+    /// changelog records applied.
     ///
     /// All the task's changelogs are read at once, in one assignment, so
     /// their fetches overlap and no changelog waits for the one before it.
@@ -59,6 +121,7 @@ impl Restorer {
         store: &mut TaskStore,
         changelogs: &[String],
         partition: i32,
+        reach: Option<&ChangelogReach>,
     ) -> anyhow::Result<u64> {
         let mut pending = Vec::new();
         for (index, topic) in changelogs.iter().enumerate() {
@@ -71,6 +134,11 @@ impl Restorer {
             let first = match store.checkpoint(index)? {
                 Some(offset) => (offset + 1).max(low),
                 None => low,
+            };
+            let high = match reach.map(|reach| reach.0[index]) {
+                None => high,
+                Some(None) => low,
+                Some(Some(last)) => high.min(last + 1),
             };
             if first < high {
                 pending.push(Changelog {
@@ -131,6 +199,11 @@ impl Restorer {
                     else {
                         continue;
                     };
+                    if message.offset() >= changelog.end {
+                        // Past the reach: work that was never committed.
+                        changelog.done = true;
+                        continue;
+                    }
                     let key = message.key().unwrap_or_default();
                     store.stage_restored(
                         &mut batch,
@@ -179,8 +252,31 @@ struct Changelog<'a> {
     topic: &'a str,
     /// The first offset to read.
     first: i64,
-    /// The end offset when the restore began.
+    /// The end offset when the restore began, or the reach's end.
     end: i64,
     restored: u64,
     done: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reach_round_trips_through_commit_metadata_and_the_furthest_wins() {
+        let reach = ChangelogReach(vec![Some(12), None, Some(0)]);
+        let text = reach.to_metadata();
+        assert_eq!(text, "streams.changelogs=12,-,0");
+        assert_eq!(ChangelogReach::from_metadata(&text, 3), Some(reach.clone()));
+        assert_eq!(ChangelogReach::from_metadata(&text, 2), None);
+        assert_eq!(ChangelogReach::from_metadata("", 3), None);
+        assert_eq!(
+            ChangelogReach::from_metadata("streams.changelogs=1,x,2", 3),
+            None
+        );
+        let older = ChangelogReach(vec![Some(10), None, None]);
+        let newer = ChangelogReach(vec![Some(12), Some(3), Some(0)]);
+        assert_eq!(older.furthest(newer.clone()), newer);
+        assert_eq!(ChangelogReach::nothing(2).0, [None, None]);
+    }
 }

@@ -8,11 +8,13 @@
 //! [`Engine::commit_succeeded`] or [`Engine::roll_back`] (which also drops
 //! the work done since the seal). One commit is in flight at a time.
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use super::Engine;
 use crate::collector::{ChangelogPartition, Headers};
 use crate::processor::Processor;
+use crate::restore::ChangelogReach;
 use crate::time::NO_WATERMARK;
 use crate::watermark::{partition_watermark, Announcement};
 
@@ -130,6 +132,35 @@ impl<P: Processor> Engine<P> {
             .iter()
             .map(|((subscription, partition), next)| (*subscription, *partition, *next))
             .collect())
+    }
+
+    /// How far each open task's changelogs reach once the sealed commit is
+    /// in: to this commit's records (`delivered`, by delivery tag), or where
+    /// the store's earlier commits left them.
+    pub fn changelog_reach(
+        &self,
+        delivered: &HashMap<usize, i64>,
+    ) -> anyhow::Result<BTreeMap<i32, ChangelogReach>> {
+        let stores = self.settings.store_names.len();
+        self.tasks
+            .values()
+            .map(|task| {
+                let reach = (0..stores)
+                    .map(|store| {
+                        let tag = ChangelogPartition {
+                            store,
+                            partition: task.partition,
+                        }
+                        .delivery_tag();
+                        match delivered.get(&tag) {
+                            Some(offset) => Ok(Some(*offset)),
+                            None => task.store.checkpoint(store),
+                        }
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                Ok((task.partition, ChangelogReach(reach)))
+            })
+            .collect()
     }
 
     /// The sealed commit went through: local state takes its changes, each

@@ -20,7 +20,7 @@
 //! which is why the stage lives in the consumer context behind a mutex that
 //! is never held across `poll`.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,7 +37,7 @@ use crate::config::ProcessingGuarantee;
 use crate::delivery::{CommitError, Delivery, Generation, Outgoing, UNTRACKED};
 use crate::metrics::{Phase, PhaseTimes, StageMetrics};
 use crate::processor::Processor;
-use crate::restore::Restorer;
+use crate::restore::{ChangelogReach, Restorer};
 use crate::standby::ActiveTasks;
 use crate::state::store::{StateResources, TaskStore};
 use crate::task::stored_positions;
@@ -285,28 +285,38 @@ impl<P: Processor> KafkaStage<P> {
     /// (in the next transaction); or, if it fails, everything since the last
     /// good commit rolled back.
     fn finish_commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
-        let Some(sealed) = self.in_flight.take() else {
+        let Some(mut sealed) = self.in_flight.take() else {
             return Ok(());
         };
-        let offsets = &sealed.offsets;
         let group = consumer.group_metadata();
+        let mut delivered = None;
         let result = self
             .delivery
-            .commit(sealed.generation, offsets, group.as_ref(), &mut self.phases)
+            .commit(
+                sealed.generation,
+                &sealed.offsets,
+                group.as_ref(),
+                &mut self.phases,
+            )
             .and_then(|()| {
-                if self.delivery.is_transactional() || offsets.count() == 0 {
+                if self.delivery.is_transactional() || sealed.offsets.count() == 0 {
                     return Ok(());
                 }
+                // At-least-once: the changelog records are in; the offsets
+                // say how far into the changelogs this commit reaches.
+                let reach = delivered.insert(self.delivery.take_offsets());
+                self.note_changelog_reach(&mut sealed.offsets, reach)
+                    .map_err(|e| CommitError::Fatal(format!("{e:#}")))?;
                 let started = Instant::now();
                 let committed = consumer
-                    .commit(offsets, CommitMode::Sync)
+                    .commit(&sealed.offsets, CommitMode::Sync)
                     .map_err(|e| CommitError::Aborted(format!("committing offsets: {e}")));
                 self.phases.lap(Phase::CommitOffsets, started);
                 committed
             });
         match result {
             Ok(()) => {
-                let delivered = self.delivery.take_offsets();
+                let delivered = delivered.unwrap_or_else(|| self.delivery.take_offsets());
                 let applying = Instant::now();
                 self.engine.commit_succeeded(|changelog| {
                     delivered.get(&changelog.delivery_tag()).copied()
@@ -323,6 +333,28 @@ impl<P: Processor> KafkaStage<P> {
         }
         self.engine.commit_finished(sealed.sealed_at);
         self.publish_metrics();
+        Ok(())
+    }
+
+    /// Adds to each task input's offset in `offsets` the changelog offsets
+    /// its task's stores reach with this commit (see
+    /// [`crate::restore::ChangelogReach`]), `delivered` being this commit's
+    /// changelog records.
+    fn note_changelog_reach(
+        &self,
+        offsets: &mut TopicPartitionList,
+        delivered: &HashMap<usize, i64>,
+    ) -> anyhow::Result<()> {
+        let reach = self.engine.changelog_reach(delivered)?;
+        for mut element in offsets.elements() {
+            let feeds_task = self
+                .engine
+                .subscription_index(element.topic())
+                .is_some_and(|index| self.engine.subscriptions()[index].route.feeds_task());
+            if let Some(reach) = reach.get(&element.partition()).filter(|_| feeds_task) {
+                element.set_metadata(reach.to_metadata());
+            }
+        }
         Ok(())
     }
 
@@ -453,13 +485,13 @@ impl<P: Processor> KafkaStage<P> {
 
     /// Opens task `partition`'s store and brings it up to date.
     ///
-    /// Under exactly-once, local state is committed state: replay the
-    /// changelog past its checkpoint. Under at-least-once, state, changelog
-    /// and offsets are not committed atomically, so the local store (written
-    /// in one batch with the input positions it reflects) is trusted as it is
-    /// when no other instance has committed past it; records below its
-    /// positions are then skipped instead of applied twice. Otherwise the
-    /// local copy is stale: it is dropped and rebuilt from the changelog.
+    /// Local state is committed state, with the changelog offset each store
+    /// reaches: replay each changelog past its checkpoint. Under
+    /// exactly-once, to its end (read_committed). Under at-least-once, only
+    /// as far as the last offset commit reaches (see [`ChangelogReach`]);
+    /// local state that reaches further (offsets reset or expired) is
+    /// dropped and rebuilt. Records below the input positions kept in state
+    /// are then skipped instead of applied twice.
     fn open_store(
         &mut self,
         consumer: &GroupConsumer<P>,
@@ -470,29 +502,49 @@ impl<P: Processor> KafkaStage<P> {
         let task_topics = self.engine.task_topics();
         let names: Vec<&str> = task_topics.iter().map(|(_, name)| name.as_str()).collect();
         let at_least_once = self.guarantee == ProcessingGuarantee::AtLeastOnce;
-        let local = stored_positions(&mut store, &names)?;
+        let mut reach = None;
         let mut replay = true;
-        if at_least_once && local.iter().any(Option::is_some) {
-            let committed = committed_for(consumer, &names, partition)?;
-            let stale = local
-                .iter()
-                .zip(&committed)
-                .any(|(local, committed)| committed.is_some_and(|c| local.is_none_or(|l| c > l)));
-            if stale {
-                tracing::info!(
-                    partition,
-                    "local state is behind the committed offsets; rebuilding it"
-                );
-                drop(store);
-                std::fs::remove_dir_all(&path)?;
-                store = self.open_task_store(&path)?;
-            } else {
-                replay = false;
+        if at_least_once {
+            let stores = self.engine.store_names().len();
+            match committed_reach(consumer, &names, partition, stores)? {
+                Some(committed) => {
+                    let local = (0..stores)
+                        .map(|index| store.checkpoint(index))
+                        .collect::<anyhow::Result<Vec<_>>>()?;
+                    if local
+                        .iter()
+                        .zip(&committed.0)
+                        .any(|(local, committed)| local > committed)
+                    {
+                        tracing::info!(
+                            partition,
+                            "local state reaches past the last commit; rebuilding it"
+                        );
+                        store = self.wipe_store(store, &path)?;
+                    }
+                    reach = Some(committed);
+                }
+                None => {
+                    let local = stored_positions(&mut store, &names)?;
+                    if local.iter().any(Option::is_some) {
+                        if self.behind_committed(consumer, &local, &names, partition)? {
+                            tracing::info!(
+                                partition,
+                                "local state is behind the committed offsets; rebuilding it"
+                            );
+                            store = self.wipe_store(store, &path)?;
+                        } else {
+                            replay = false;
+                        }
+                    }
+                }
             }
         }
         if replay {
             let changelogs = self.engine.changelog_topics();
-            let restored = self.restorer.restore(&mut store, &changelogs, partition)?;
+            let restored =
+                self.restorer
+                    .restore(&mut store, &changelogs, partition, reach.as_ref())?;
             self.engine.count_restored(restored);
         }
         if at_least_once {
@@ -506,6 +558,33 @@ impl<P: Processor> KafkaStage<P> {
             }
         }
         Ok(store)
+    }
+
+    /// At-least-once, when the committed offsets carry no changelog reach
+    /// (an earlier version committed them): whether the group has committed
+    /// past the input positions `local` of the local store. If not, the
+    /// store (written in one batch with the positions it reflects) is
+    /// trusted as it is and nothing is replayed; if so, it is rebuilt from
+    /// the whole changelog.
+    fn behind_committed(
+        &self,
+        consumer: &GroupConsumer<P>,
+        local: &[Option<i64>],
+        names: &[&str],
+        partition: i32,
+    ) -> anyhow::Result<bool> {
+        let committed = committed_for(consumer, names, partition)?;
+        Ok(local
+            .iter()
+            .zip(&committed)
+            .any(|(local, committed)| committed.is_some_and(|c| local.is_none_or(|l| c > l))))
+    }
+
+    /// Deletes the store at `path` and opens it empty.
+    fn wipe_store(&self, store: TaskStore, path: &Path) -> anyhow::Result<TaskStore> {
+        drop(store);
+        std::fs::remove_dir_all(path)?;
+        self.open_task_store(path)
     }
 
     /// Opens the task store at `path`, waiting while the processing thread
@@ -573,6 +652,42 @@ impl<P: Processor> KafkaStage<P> {
         self.publish_metrics();
         Ok(())
     }
+}
+
+/// The changelog reach of the group's last commit of task `partition`'s
+/// input offsets (`topics`), at-least-once: nothing when no offset was ever
+/// committed, `None` when the offsets carry no reach (an earlier version
+/// committed them).
+fn committed_reach<P: Processor>(
+    consumer: &GroupConsumer<P>,
+    topics: &[&str],
+    partition: i32,
+    stores: usize,
+) -> anyhow::Result<Option<ChangelogReach>> {
+    let mut request = TopicPartitionList::new();
+    for topic in topics {
+        request.add_partition(topic, partition);
+    }
+    let committed = consumer.committed_offsets(request, Duration::from_secs(30))?;
+    let mut any_offset = false;
+    let mut reach: Option<ChangelogReach> = None;
+    for element in committed.elements() {
+        if !matches!(element.offset(), Offset::Offset(_)) {
+            continue;
+        }
+        any_offset = true;
+        if let Some(found) = ChangelogReach::from_metadata(element.metadata(), stores) {
+            reach = Some(match reach {
+                Some(reach) => reach.furthest(found),
+                None => found,
+            });
+        }
+    }
+    Ok(if any_offset {
+        reach
+    } else {
+        Some(ChangelogReach::nothing(stores))
+    })
 }
 
 /// The group's committed offsets of `topics` at `partition`.
