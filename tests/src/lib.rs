@@ -85,11 +85,22 @@ pub fn unique(prefix: &str) -> String {
 
 /// A TCP port free right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // The port is free now, not reserved: a second call before the first
+    // service has bound its port may get the same one back. Never hand out
+    // a port twice in one test process.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Runs `streamctl` with the stack's addresses.

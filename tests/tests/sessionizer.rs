@@ -145,3 +145,31 @@ fn records_written_with_an_evolved_schema_are_read_into_the_service_schema() {
     );
     assert_eq!(service.metric(&dead), 0.0);
 }
+
+/// A commit interval with nothing new sends nothing: no transaction (each
+/// would add a commit marker to the changelog), no changelog record, while
+/// commits keep completing.
+#[test]
+fn an_idle_instance_sends_no_empty_transactions() {
+    let topics = topics(1);
+    let service = topics.start(&[]);
+    produce(&topics.input, "user-events", &[event("ida", "LOGIN", T)]);
+    service.wait_consumed(&topics.input, 1, Duration::from_secs(60));
+    let describe = || {
+        streamctl_ok(&[
+            "topics",
+            "describe",
+            &format!("{}-task-progress-changelog", topics.application_id),
+        ])
+    };
+    let changelog_before = describe();
+    let commits_before = service.metric("streams_commits_total");
+    // Twenty commit intervals of 100 ms.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        service.metric("streams_commits_total") >= commits_before + 10.0,
+        "commits go on: {}",
+        service.metrics()
+    );
+    assert_eq!(describe(), changelog_before, "log:\n{}", service.log());
+}

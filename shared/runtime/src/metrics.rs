@@ -29,7 +29,9 @@ pub const STANDBY_RECORDS: &str = "streams_standby_records_total";
 /// Records the standby tasks are behind their changelogs' ends, summed
 /// (-1 while an end cannot be read).
 pub const STANDBY_LAG: &str = "streams_standby_lag_records";
-/// Commits (transactions under exactly-once) completed.
+/// Commits completed. A commit interval with nothing new completes its
+/// commit without sending anything (no transaction, no offset commit) and
+/// counts too.
 pub const COMMITS: &str = "streams_commits_total";
 /// Commits rolled back.
 pub const COMMITS_ABORTED: &str = "streams_commits_aborted_total";

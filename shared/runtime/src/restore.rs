@@ -80,6 +80,9 @@ impl ChangelogReach {
     }
 }
 
+/// How long a restore retries reading a changelog partition's offsets.
+const WATERMARKS_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Reads changelog partitions into task stores.
 pub(crate) struct Restorer {
     consumer: BaseConsumer,
@@ -125,12 +128,7 @@ impl Restorer {
     ) -> anyhow::Result<u64> {
         let mut pending = Vec::new();
         for (index, topic) in changelogs.iter().enumerate() {
-            let (low, high) = self
-                .consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .map_err(|e| {
-                    anyhow::anyhow!("cannot read the end of changelog {topic}-{partition}: {e}")
-                })?;
+            let (low, high) = self.watermarks(topic, partition)?;
             let first = match store.checkpoint(index)? {
                 Some(offset) => (offset + 1).max(low),
                 None => low,
@@ -178,6 +176,29 @@ impl Restorer {
             );
         }
         Ok(pending.iter().map(|changelog| changelog.restored).sum())
+    }
+
+    /// The first and end offsets of a changelog partition. Right after the
+    /// topic is created, or while its leader moves, the broker answers
+    /// "not leader" or "unknown partition" for a moment: such answers are
+    /// retried for up to [`WATERMARKS_PATIENCE`].
+    fn watermarks(&self, topic: &str, partition: i32) -> anyhow::Result<(i64, i64)> {
+        let deadline = Instant::now() + WATERMARKS_PATIENCE;
+        loop {
+            match self
+                .consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+            {
+                Ok(watermarks) => return Ok(watermarks),
+                Err(error) if Instant::now() < deadline => {
+                    tracing::warn!(%error, topic, partition, "cannot read the end of a changelog yet; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(error) => {
+                    anyhow::bail!("cannot read the end of changelog {topic}-{partition}: {error}")
+                }
+            }
+        }
     }
 
     /// Reads the assigned changelogs to their ends into `store`, in batches.

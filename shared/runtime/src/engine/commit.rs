@@ -127,11 +127,39 @@ impl<P: Processor> Engine<P> {
                 }
             }
         }
+        self.sealed_progress = self.progress();
         Ok(self
             .positions
             .iter()
             .map(|((subscription, partition), next)| (*subscription, *partition, *next))
             .collect())
+    }
+
+    /// Records consumed and produced so far.
+    fn progress(&self) -> (u64, u64) {
+        let produced = self.collector.produced().map(|(_, count)| count).sum();
+        (self.consumed_records(), produced)
+    }
+
+    /// Whether a commit now would carry anything: records consumed or
+    /// produced since the last one was sealed, or state changed (by a
+    /// wall-clock timer, say). With an idle timeout every commit carries
+    /// watermark heartbeats, so it always would. An idle stage that commits
+    /// nothing sends no empty transactions every interval, which would
+    /// load the broker and leave a transaction open at almost any moment
+    /// for a crash to interrupt.
+    pub fn has_work_to_commit(&self) -> bool {
+        self.settings.event_time.idleness.is_on()
+            || self.progress() != self.sealed_progress
+            || self.tasks.values().any(|task| task.store.has_uncommitted())
+    }
+
+    /// Completes a commit that would carry nothing without sending
+    /// anything: it counts as a commit (it is one: everything up to here is
+    /// committed), and the next is due an interval from now.
+    pub fn skip_commit(&mut self) {
+        self.last_commit = self.clock.now().instant;
+        self.counters.commits += 1;
     }
 
     /// How far each open task's changelogs reach once the sealed commit is

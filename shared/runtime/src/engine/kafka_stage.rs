@@ -204,7 +204,12 @@ impl<P: Processor> KafkaStage<P> {
         self.phases.lap(Phase::Process, started);
         self.try_finish_commit(consumer)?;
         if self.in_flight.is_none() && self.commit_due() {
-            self.seal_commit(consumer)?;
+            if self.engine.has_work_to_commit() {
+                self.seal_commit(consumer)?;
+            } else {
+                self.engine.skip_commit();
+                self.publish_metrics();
+            }
         }
         Ok(())
     }

@@ -190,6 +190,9 @@ pub(crate) struct Engine<P: Processor> {
     sealed_counters: BTreeMap<&'static str, u64>,
     clock: Clock,
     last_commit: Instant,
+    /// Records consumed and produced, as counted when the last commit was
+    /// sealed: a commit with nothing new is skipped.
+    sealed_progress: (u64, u64),
     shutdown: Arc<AtomicBool>,
     jobs: JobPool,
 }
@@ -236,6 +239,7 @@ impl<P: Processor> Engine<P> {
             sealed_counters: BTreeMap::new(),
             clock: parts.clock,
             last_commit,
+            sealed_progress: (0, 0),
             shutdown: parts.shutdown,
         }
     }

@@ -383,6 +383,11 @@ impl TaskStore {
         self.sealed.iter_mut().for_each(BTreeMap::clear);
     }
 
+    /// Whether any store has changes not yet sealed for a commit.
+    pub fn has_uncommitted(&self) -> bool {
+        self.overlay.iter().any(|overlay| !overlay.is_empty())
+    }
+
     /// The last changelog offset applied locally for `store`, if any.
     pub fn checkpoint(&self, store: StoreIndex) -> anyhow::Result<Option<i64>> {
         let family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
