@@ -7,7 +7,7 @@ CARGO ?= cargo
 
 include deploy/local/stack.mk
 
-.PHONY: help deps build test test-unit lint demo bench bench-model bench-embed bench-restore models
+.PHONY: help deps build test test-unit lint demo bench bench-model bench-embed bench-restore bench-failover models
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -56,3 +56,7 @@ bench-embed: deps up models ## embed-batcher end to end with the local model: ar
 
 bench-restore: deps up ## changelog restore speed of a task with ~2M changelog records (release; see BENCHMARKS.md)
 	@bash bench/restore.sh
+
+bench-failover: deps up ## failover time after a kill -9, without and with a standby replica, 1M sessions in state (release; bench/failover.sh)
+	$(CARGO) build --release --bins
+	@bash bench/failover.sh

@@ -317,6 +317,12 @@ impl StageMetrics {
         self.shared.stages.lock().unwrap()[self.slot].snapshot = snapshot;
     }
 
+    /// Whether every thread of every stage of the process is ready (see
+    /// [`Metrics::is_ready`]).
+    pub fn process_ready(&self) -> bool {
+        self.shared.is_ready()
+    }
+
     /// Marks whether every task this stage is assigned is restored and processing.
     pub fn set_ready(&self, ready: bool) {
         self.shared.stages.lock().unwrap()[self.slot].ready = ready;

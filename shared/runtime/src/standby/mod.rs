@@ -273,15 +273,25 @@ impl StandbyUpdater {
             .filter(|task| !active.contains(task))
             .collect();
             let current: BTreeSet<i32> = self.standbys.keys().copied().collect();
-            if wanted != current {
-                for task in current.difference(&wanted) {
-                    let mut standby = self.standbys.remove(task).expect("a standby");
-                    write_staged(&mut standby)?;
-                    tracing::info!(task, "standby dropped");
-                }
-                for task in wanted.difference(&current) {
-                    self.open(*task);
-                }
+            // New standbys wait until the process's active tasks are all
+            // open: after a failover, catching up on other tasks'
+            // changelogs would take the cores the takeover needs.
+            let start_new = self.metrics.process_ready();
+            let dropped: Vec<i32> = current.difference(&wanted).copied().collect();
+            let started: Vec<i32> = if start_new {
+                wanted.difference(&current).copied().collect()
+            } else {
+                Vec::new()
+            };
+            for task in &dropped {
+                let mut standby = self.standbys.remove(task).expect("a standby");
+                write_staged(&mut standby)?;
+                tracing::info!(task, "standby dropped");
+            }
+            for task in &started {
+                self.open(*task);
+            }
+            if !dropped.is_empty() || !started.is_empty() {
                 self.assign()?;
             }
         }
