@@ -332,6 +332,16 @@ impl Service {
         http_get(self.http_port, "/metrics").unwrap_or_default()
     }
 
+    /// The tasks the service has open, from its per-task gauges
+    /// (`streams_timers_pending{task="2"}`).
+    pub fn open_tasks<T: std::str::FromStr + Ord>(&self) -> std::collections::BTreeSet<T> {
+        self.metrics()
+            .lines()
+            .filter_map(|line| line.strip_prefix("streams_timers_pending{task=\""))
+            .filter_map(|rest| rest.split('"').next()?.parse().ok())
+            .collect()
+    }
+
     /// The value of one metric series (`name{labels}` exactly as rendered), or 0.
     pub fn metric(&self, series: &str) -> f64 {
         metric_value(&self.metrics(), series)

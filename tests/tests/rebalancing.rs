@@ -71,16 +71,6 @@ impl Run {
     }
 }
 
-/// The tasks `service` has open, from its per-task gauges.
-fn tasks(service: &Service) -> BTreeSet<i32> {
-    service
-        .metrics()
-        .lines()
-        .filter_map(|line| line.strip_prefix("streams_timers_pending{task=\""))
-        .filter_map(|rest| rest.split('"').next()?.parse().ok())
-        .collect()
-}
-
 /// The partitions whose task `service` has closed so far, from its log.
 fn closed(service: &Service) -> Vec<i32> {
     service
@@ -101,7 +91,7 @@ fn closed(service: &Service) -> Vec<i32> {
 /// Waits until the instances own every task exactly once, each whole.
 fn wait_balanced(instances: &[&Service]) -> Vec<BTreeSet<i32>> {
     let settled = eventually(Duration::from_secs(90), || {
-        let owned: Vec<BTreeSet<i32>> = instances.iter().map(|s| tasks(s)).collect();
+        let owned: Vec<BTreeSet<i32>> = instances.iter().map(|s| s.open_tasks()).collect();
         let total: usize = owned.iter().map(BTreeSet::len).sum();
         let union: BTreeSet<i32> = owned.iter().flatten().copied().collect();
         total == PARTITIONS
@@ -111,7 +101,7 @@ fn wait_balanced(instances: &[&Service]) -> Vec<BTreeSet<i32>> {
                 .iter()
                 .all(|s| s.metric("streams_tasks_incomplete") == 0.0)
     });
-    let owned: Vec<BTreeSet<i32>> = instances.iter().map(|s| tasks(s)).collect();
+    let owned: Vec<BTreeSet<i32>> = instances.iter().map(|s| s.open_tasks()).collect();
     assert!(
         settled,
         "tasks not balanced, whole and disjoint: {owned:?}\n{}",

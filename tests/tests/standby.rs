@@ -36,17 +36,6 @@ fn metric_sum(text: &str, name: &str) -> Option<f64> {
     sum
 }
 
-/// The active tasks of `service`, from its per-task gauges
-/// (`streams_timers_pending{task="2"}`).
-fn tasks(service: &Service) -> BTreeSet<usize> {
-    service
-        .metrics()
-        .lines()
-        .filter_map(|line| line.strip_prefix("streams_timers_pending{task=\""))
-        .filter_map(|rest| rest.split('"').next()?.parse().ok())
-        .collect()
-}
-
 /// The task (input partition) of a user's events and sessions.
 fn task_of(user: &str) -> usize {
     murmur2_partition(user.as_bytes(), PARTITIONS)
@@ -202,7 +191,7 @@ fn a_killed_instance_s_tasks_move_to_their_standbys_and_restore_only_the_tail() 
     // could process it all alone and hand state over through restores.
     let mut owned: Vec<BTreeSet<usize>> = Vec::new();
     let balanced = eventually(Duration::from_secs(60), || {
-        owned = instances.iter().map(tasks).collect();
+        owned = instances.iter().map(Service::open_tasks).collect();
         let union: BTreeSet<usize> = owned.iter().flatten().copied().collect();
         owned
             .iter()
@@ -303,7 +292,7 @@ fn a_killed_instance_s_tasks_move_to_their_standbys_and_restore_only_the_tail() 
     let mut first_moved_row = None;
     while killed_at.elapsed() < Duration::from_secs(90) && first_moved_row.is_none() {
         if all_tasks_ready.is_none() {
-            let open: BTreeSet<usize> = instances.iter().flat_map(tasks).collect();
+            let open: BTreeSet<usize> = instances.iter().flat_map(Service::open_tasks).collect();
             let ready = instances.iter().all(|s| {
                 http_get(s.http_port, "/readyz").is_some_and(|body| body.starts_with("ready"))
             });

@@ -80,6 +80,21 @@ impl ChangelogReach {
     }
 }
 
+/// The settings of a consumer that reads changelogs by assignment (its
+/// group id only names it): committed records only, no offsets of its own,
+/// prefetching eagerly. Used by restores and standby replicas.
+pub(crate) fn changelog_reader_config(base: &ClientConfig, group_id: String) -> ClientConfig {
+    let mut config = base.clone();
+    config
+        .set("group.id", group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false");
+    crate::startup::prefetch_eagerly(&mut config);
+    config
+}
+
 /// How long a restore retries reading a changelog partition's offsets.
 const WATERMARKS_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -91,13 +106,8 @@ pub(crate) struct Restorer {
 impl Restorer {
     /// A restorer using a group-less, read_committed consumer.
     pub fn new(base: &ClientConfig, application_id: &str) -> anyhow::Result<Self> {
-        let mut config = base.clone();
+        let mut config = changelog_reader_config(base, format!("{application_id}-restore"));
         config
-            .set("group.id", format!("{application_id}-restore"))
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "false")
             .set("fetch.max.bytes", "52428800")
             // A consumer has one fetch per broker in flight. At the end of a
             // task's changelogs that fetch waits at the broker for new data
@@ -106,7 +116,6 @@ impl Restorer {
             // measured, ~450 ms per task opened after the first, even with
             // nothing to restore.
             .set("fetch.wait.max.ms", "10");
-        crate::startup::prefetch_eagerly(&mut config);
         let consumer = config
             .create()
             .map_err(|e| anyhow::anyhow!("cannot create the restore consumer: {e}"))?;

@@ -35,6 +35,7 @@ use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::metrics::{Snapshot, StageMetrics, STANDBY_LAG, STANDBY_RECORDS, STANDBY_TASKS};
+use crate::restore::changelog_reader_config;
 use crate::state::store::{RestoreBatch, StateResources, TaskStore};
 use placement::standby_tasks;
 use watcher::GroupWatcher;
@@ -136,15 +137,7 @@ impl StandbyUpdater {
         metrics: StageMetrics,
         shutdown: Arc<AtomicBool>,
     ) -> anyhow::Result<Self> {
-        let mut config = base.clone();
-        config
-            .set("group.id", format!("{}-standby", settings.group))
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "false");
-        crate::startup::prefetch_eagerly(&mut config);
-        let consumer = config
+        let consumer = changelog_reader_config(base, format!("{}-standby", settings.group))
             .create()
             .map_err(|e| anyhow::anyhow!("cannot create the standby consumer: {e}"))?;
         let watcher = GroupWatcher::new(
