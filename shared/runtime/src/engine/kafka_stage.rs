@@ -669,11 +669,7 @@ fn committed_reach<P: Processor>(
     partition: i32,
     stores: usize,
 ) -> anyhow::Result<Option<ChangelogReach>> {
-    let mut request = TopicPartitionList::new();
-    for topic in topics {
-        request.add_partition(topic, partition);
-    }
-    let committed = consumer.committed_offsets(request, Duration::from_secs(30))?;
+    let committed = committed_list(consumer, topics, partition)?;
     let mut any_offset = false;
     let mut reach: Option<ChangelogReach> = None;
     for element in committed.elements() {
@@ -701,11 +697,7 @@ fn committed_for<P: Processor>(
     topics: &[&str],
     partition: i32,
 ) -> anyhow::Result<Vec<Option<i64>>> {
-    let mut request = TopicPartitionList::new();
-    for topic in topics {
-        request.add_partition(topic, partition);
-    }
-    let committed = consumer.committed_offsets(request, Duration::from_secs(30))?;
+    let committed = committed_list(consumer, topics, partition)?;
     Ok(topics
         .iter()
         .map(|topic| {
@@ -718,6 +710,20 @@ fn committed_for<P: Processor>(
             }
         })
         .collect())
+}
+
+/// The group's committed offsets (with their metadata) of `topics` at
+/// `partition`.
+fn committed_list<P: Processor>(
+    consumer: &GroupConsumer<P>,
+    topics: &[&str],
+    partition: i32,
+) -> anyhow::Result<TopicPartitionList> {
+    let mut request = TopicPartitionList::new();
+    for topic in topics {
+        request.add_partition(topic, partition);
+    }
+    Ok(consumer.committed_offsets(request, Duration::from_secs(30))?)
 }
 
 /// Records handled between two checks of timers, idleness and the commit interval.

@@ -85,6 +85,13 @@ pub(crate) fn client_id(instance: &str, thread: usize) -> String {
     format!("{instance}/{thread}")
 }
 
+/// The instance and thread of a [`client_id`]; `None` for a client id of
+/// another form.
+pub(crate) fn parse_client_id(client_id: &str) -> Option<(&str, usize)> {
+    let (instance, thread) = client_id.rsplit_once('/')?;
+    Some((instance, thread.parse().ok()?))
+}
+
 /// What the standby thread of a stage needs to know about it.
 pub(crate) struct StandbySettings {
     pub replicas: usize,
@@ -381,4 +388,17 @@ fn write_staged(standby: &mut Standby) -> anyhow::Result<()> {
     }
     let batch = std::mem::replace(&mut standby.batch, standby.store.restore_batch());
     standby.store.write_restored(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_id_names_its_instance_and_thread() {
+        assert_eq!(parse_client_id(&client_id("pod-0", 2)), Some(("pod-0", 2)));
+        assert_eq!(parse_client_id(&client_id("a/b", 0)), Some(("a/b", 0)));
+        assert_eq!(parse_client_id("rdkafka"), None);
+        assert_eq!(parse_client_id("x/y"), None);
+    }
 }

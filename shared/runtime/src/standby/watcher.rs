@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
+use super::parse_client_id;
 use super::placement::{decode_assignment, Member};
 use super::REFRESH;
 
@@ -131,9 +132,9 @@ impl GroupWatcher {
                     .flatten()
                     .copied()
                     .collect();
-                let (instance, order) = match member.client_id().rsplit_once('/') {
+                let (instance, order) = match parse_client_id(member.client_id()) {
                     Some((instance, thread)) if self.static_members => {
-                        let order = crate::startup::member_id(instance, thread.parse().ok()?);
+                        let order = crate::startup::member_id(instance, thread);
                         (instance.to_string(), order)
                     }
                     Some((instance, _)) => (instance.to_string(), member.id().to_string()),
