@@ -207,27 +207,41 @@ impl Admin {
             .filter(|(_, count)| count.is_none())
             .map(|(topic, _)| topic)
             .collect();
-        let raced = if missing.is_empty() {
-            Vec::new()
-        } else {
-            self.create(&missing)?
-        };
-        // A topic created here has the partitions asked for; one that
-        // another client created meanwhile is looked up (metadata can lag a
-        // fresh creation briefly).
+        if !missing.is_empty() {
+            self.create(&missing)?;
+        }
+        // A fresh topic reaches the brokers' metadata a moment after the
+        // controller confirms it. Waiting for it here matters beyond the
+        // count (one that another client created meanwhile may have other
+        // partitions than asked for): a consumer that subscribes before
+        // its metadata shows the topic leaves it out of the group's
+        // assignment until its next periodic metadata refresh, minutes
+        // later, and the tasks that need its partitions stay incomplete.
         topics
             .iter()
             .zip(counts)
             .map(|(topic, count)| match count {
                 Some(count) => Ok(count),
-                None if raced.contains(&topic.name) => self.wait_for_metadata(topic.name),
-                None => Ok(topic.partitions),
+                None => self.wait_for_metadata(topic.name),
             })
             .collect()
     }
 
-    /// Creates `topics`; returns those that turned out to exist already.
-    fn create<'a>(&self, topics: &[&TopicSpec<'a>]) -> anyhow::Result<Vec<&'a str>> {
+    /// Partition count of `topic` if it exists and every partition has a
+    /// leader (what a consumer's subscription and a producer need).
+    fn led_partition_count(&self, topic: &str) -> anyhow::Result<Option<usize>> {
+        let metadata = self.topic_metadata(topic)?;
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(None);
+        };
+        let led = found.error().is_none()
+            && !found.partitions().is_empty()
+            && found.partitions().iter().all(|p| p.leader() >= 0);
+        Ok(led.then(|| found.partitions().len()))
+    }
+
+    /// Creates `topics`; one that another client created meanwhile is fine.
+    fn create(&self, topics: &[&TopicSpec<'_>]) -> anyhow::Result<()> {
         let new_topics: Vec<NewTopic<'_>> = topics
             .iter()
             .map(|topic| {
@@ -248,7 +262,6 @@ impl Admin {
             .runtime
             .block_on(self.admin.create_topics(&new_topics, &options))
             .map_err(|e| anyhow::anyhow!("cannot create topics {}: {e}", names()))?;
-        let mut existing = Vec::new();
         for (result, topic) in results.into_iter().zip(topics) {
             match result {
                 Ok(_) => tracing::info!(
@@ -256,18 +269,19 @@ impl Admin {
                     partitions = topic.partitions,
                     "created topic"
                 ),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => existing.push(topic.name),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((name, code)) => anyhow::bail!("cannot create topic {name}: {code}"),
             }
         }
-        Ok(existing)
+        Ok(())
     }
 
-    /// The partition count of a topic that has just appeared.
+    /// The partition count of a topic that has just been created, once
+    /// the metadata shows it with a leader for every partition.
     fn wait_for_metadata(&self, topic: &str) -> anyhow::Result<usize> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(count) = self.partition_count(topic)? {
+            if let Some(count) = self.led_partition_count(topic)? {
                 return Ok(count);
             }
             anyhow::ensure!(

@@ -460,14 +460,19 @@ impl<P: Processor> KafkaStage<P> {
             list.add_partition(topic, partition);
         }
         if owned.len() < task_topics.len() {
-            if !owned.is_empty() && self.incomplete.insert(partition) {
+            if owned.is_empty() {
+                return Ok(());
+            }
+            if self.incomplete.insert(partition) {
                 tracing::warn!(
                     partition,
                     "this instance holds only some partitions of task {partition}; \
                      it does not process them until the rest is assigned"
                 );
-                consumer.pause(&list)?;
             }
+            // Every owned one, also those that arrived after the first: a
+            // record of a task that is not open has nowhere to go.
+            consumer.pause(&list)?;
             return Ok(());
         }
         if self.incomplete.remove(&partition) {
@@ -613,6 +618,10 @@ impl<P: Processor> KafkaStage<P> {
         partitions: &TopicPartitionList,
     ) -> anyhow::Result<()> {
         self.commit(consumer)?;
+        // librdkafka keeps a partition's pause through its revocation: one
+        // paused here (its task incomplete) and assigned back later would
+        // never be fetched again. Resuming one that is not paused is a no-op.
+        consumer.resume(partitions)?;
         let mut touched = Vec::new();
         for element in partitions.elements() {
             let Some(index) = self.engine.subscription_index(element.topic()) else {
