@@ -178,6 +178,40 @@ fn timers_fire_when_the_watermark_reaches_them_and_not_before() {
     assert_eq!(processor_events(&driver, "sessions_timed_out"), 1);
 }
 
+/// The inactivity timers follow from the open sessions: none is written to
+/// a changelog, and a task rebuilt from its changelogs alone (local state
+/// lost) times its sessions out all the same.
+#[test]
+fn timers_come_from_the_sessions_after_a_restore_and_never_go_to_a_changelog() {
+    let mut driver = sessionizer(&[], 1);
+    send(
+        &mut driver,
+        &[
+            event("amy", "LOGIN", T),
+            event("bob", "LOGIN", T + 1_000),
+            event("bob", "VIEW", T + 5_000),
+        ],
+    );
+    driver.commit().unwrap();
+    let stored = |driver: &TestDriver, store: &str| {
+        driver
+            .read(&format!("sessionizer-{store}-changelog"))
+            .unwrap()
+            .len()
+    };
+    assert_eq!(stored(&driver, "sessions"), 2, "one record per session");
+    assert_eq!(stored(&driver, "timers"), 0);
+    driver.crash_losing_state().unwrap();
+    send(&mut driver, &[event("cat", "LOGIN", T + 40_000)]);
+    assert_eq!(
+        sessions(&driver),
+        vec![
+            session("amy", "TIMEOUT", &["LOGIN"], T, T + 30_000),
+            session("bob", "TIMEOUT", &["LOGIN", "VIEW"], T + 1_000, T + 35_000),
+        ]
+    );
+}
+
 #[test]
 fn a_record_after_a_deadline_sees_the_timeout_then_starts_a_new_session() {
     let mut driver = sessionizer(&[], 1);

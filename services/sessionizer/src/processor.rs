@@ -62,6 +62,11 @@ impl Sessionizer {
         }
     }
 
+    /// When `session` times out unless another event comes.
+    fn inactivity_deadline(&self, session: &Session) -> i64 {
+        session.latest.saturating_add(self.timeout)
+    }
+
     fn end(
         ctx: &mut Context<'_, Self>,
         user: &str,
@@ -113,7 +118,7 @@ impl Processor for Sessionizer {
         ctx.set_timer(
             &event.user_id,
             SessionTimer::Inactivity,
-            session.latest.saturating_add(self.timeout),
+            self.inactivity_deadline(&session),
         );
         ctx.put(&SESSIONS, &event.user_id, &session)
     }
@@ -128,5 +133,26 @@ impl Processor for Sessionizer {
             Self::end(ctx, timer.key, session, TIMEOUT, timer.time)?;
         }
         Ok(())
+    }
+
+    /// Every open session has its inactivity timer at its latest event plus
+    /// the timeout, and a session ends (and is deleted) when it fires: the
+    /// timers are a function of the sessions, so none is written to a
+    /// changelog.
+    const TIMERS_FROM_STATE: bool = true;
+
+    fn derive_timers(
+        &self,
+        state: &StateView<'_>,
+        timers: &mut DerivedTimers<'_, Self>,
+    ) -> anyhow::Result<()> {
+        state.for_each(&SESSIONS, |user, session: Session| {
+            timers.set_timer(
+                user,
+                SessionTimer::Inactivity,
+                self.inactivity_deadline(&session),
+            );
+            Ok(())
+        })
     }
 }

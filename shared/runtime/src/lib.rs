@@ -79,7 +79,10 @@ pub mod admin {
 pub use app::{service_main, Pipeline};
 pub use config::RuntimeArgs;
 pub use duration::HumanDuration;
-pub use processor::{Context, MapState, NoTimers, Processor, Record, Timer, TimerName, ValueState};
+pub use processor::{
+    Context, DerivedTimers, MapState, NoTimers, Processor, Record, StateView, Timer, TimerName,
+    ValueState,
+};
 pub use state::codec::MapKey;
 pub use time::{TimeDomain, NO_WATERMARK};
 pub use topology::{InputStream, StageLink, Topology};
@@ -88,7 +91,8 @@ pub use topology::{InputStream, StageLink, Topology};
 pub mod prelude {
     pub use crate::jobs::Completion;
     pub use crate::processor::{
-        Context, MapState, NoTimers, Processor, Record, Timer, TimerName, ValueState,
+        Context, DerivedTimers, MapState, NoTimers, Processor, Record, StateView, Timer, TimerName,
+        ValueState,
     };
     pub use crate::time::{TimeDomain, NO_WATERMARK};
     pub use crate::topology::{InputStream, StageLink, Topology};

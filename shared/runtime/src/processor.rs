@@ -69,6 +69,76 @@ pub trait Processor: Clone + Send + 'static {
     fn is_late(&self, event_time: i64, watermark: i64) -> bool {
         watermark != NO_WATERMARK && event_time < watermark
     }
+
+    /// Whether this processor's pending timers follow from its state, so
+    /// that [`derive_timers`](Self::derive_timers) can set them all again.
+    /// If so, the runtime keeps timers in memory only: a `set_timer` writes
+    /// nothing to a store or a changelog, and a task that opens derives
+    /// its timers from its committed state instead of loading them.
+    ///
+    /// The contract: after every `process` and `on_timer`, the timers set
+    /// are exactly those `derive_timers` would set from the state. A timer
+    /// that has fired must leave state from which it is not derived again.
+    const TIMERS_FROM_STATE: bool = false;
+
+    /// Sets every pending timer of a task from its committed `state`;
+    /// called when the task opens, if [`TIMERS_FROM_STATE`](Self::TIMERS_FROM_STATE).
+    fn derive_timers(
+        &self,
+        state: &StateView<'_>,
+        timers: &mut DerivedTimers<'_, Self>,
+    ) -> anyhow::Result<()> {
+        let _ = (state, timers);
+        anyhow::bail!("TIMERS_FROM_STATE is set but derive_timers is not implemented")
+    }
+}
+
+/// A task's committed state, read while its timers are derived (see
+/// [`Processor::derive_timers`]).
+pub struct StateView<'a> {
+    pub(crate) store: &'a TaskStore,
+}
+
+impl StateView<'_> {
+    /// Calls `visit` with every key of `state` and its value, in key order.
+    pub fn for_each<T: DeserializeOwned>(
+        &self,
+        state: &ValueState<T>,
+        mut visit: impl FnMut(&str, T) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let store = self.store.index_of(state.name).unwrap_or_else(|| {
+            panic!(
+                "state store '{}' is missing from the processor's STORES",
+                state.name
+            )
+        });
+        self.store.for_each_committed(store, |key, value| {
+            visit(std::str::from_utf8(key)?, decode_value(value)?)
+        })
+    }
+}
+
+/// Where [`Processor::derive_timers`] sets a task's timers.
+pub struct DerivedTimers<'a, P: Processor> {
+    pub(crate) timers: &'a mut TaskTimers,
+    pub(crate) _processor: PhantomData<fn(&P)>,
+}
+
+impl<P: Processor> DerivedTimers<'_, P> {
+    /// Sets the event-time timer `name` of `key` (see [`Context::set_timer`]).
+    pub fn set_timer(&mut self, key: &str, name: P::Timers, time: i64) {
+        self.timers
+            .queue_mut(TimeDomain::EventTime)
+            .set(key, name.name(), time);
+    }
+
+    /// Sets the wall-clock timer `name` of `key` (see
+    /// [`Context::set_wall_clock_timer`]).
+    pub fn set_wall_clock_timer(&mut self, key: &str, name: P::Timers, at: i64) {
+        self.timers
+            .queue_mut(TimeDomain::WallClock)
+            .set(key, name.name(), at);
+    }
 }
 
 /// The names of a processor's timers: an enum, so that `on_timer` can match
@@ -247,7 +317,8 @@ impl<K, V> MapState<K, V> {
 pub struct Context<'a, P: Processor> {
     pub(crate) store: &'a mut TaskStore,
     pub(crate) timers: &'a mut TaskTimers,
-    pub(crate) timer_store: StoreIndex,
+    /// Where timers are persisted; none if they are derived from state.
+    pub(crate) timer_store: Option<StoreIndex>,
     pub(crate) watermark: i64,
     pub(crate) now_ms: i64,
     pub(crate) collector: &'a mut Collector,
@@ -465,21 +536,24 @@ impl<P: Processor> Context<'_, P> {
 
     fn set_in(&mut self, domain: TimeDomain, key: &str, name: P::Timers, time: i64) {
         let name = name.name();
-        if let Some(previous) = self.timers.queue_mut(domain).set(key, name, time) {
-            self.store
-                .delete(self.timer_store, previous.store_key(domain));
+        let previous = self.timers.queue_mut(domain).set(key, name, time);
+        let Some(timer_store) = self.timer_store else {
+            return;
+        };
+        if let Some(previous) = previous {
+            self.store.delete(timer_store, previous.store_key(domain));
         }
         self.store.put(
-            self.timer_store,
+            timer_store,
             crate::time::TimerEntry::store_key_of(domain, time, key, name),
             Vec::new(),
         );
     }
 
     fn clear_in(&mut self, domain: TimeDomain, key: &str, name: P::Timers) {
-        if let Some(previous) = self.timers.queue_mut(domain).remove(key, name.name()) {
-            self.store
-                .delete(self.timer_store, previous.store_key(domain));
+        let previous = self.timers.queue_mut(domain).remove(key, name.name());
+        if let (Some(previous), Some(timer_store)) = (previous, self.timer_store) {
+            self.store.delete(timer_store, previous.store_key(domain));
         }
     }
 }

@@ -146,7 +146,7 @@ pub(crate) fn stage_topics<I, P: Processor>(
             Some(if link.single_partition { 1 } else { partitions }),
         ),
     };
-    let store_names = all_stores(P::STORES)?;
+    let store_names = all_stores::<P>()?;
     let changelogs = store_names
         .iter()
         .map(|store| format!("{application_id}-{store}-changelog"))

@@ -25,7 +25,7 @@ use crate::clock::Now;
 use crate::collector::Collector;
 use crate::jobs::{self, JobPool};
 use crate::output::OutputEncoder;
-use crate::processor::{Context, Processor, Record, Timer, TimerName};
+use crate::processor::{Context, DerivedTimers, Processor, Record, StateView, Timer, TimerName};
 use crate::state::store::{StoreIndex, TaskStore};
 use crate::time::{
     task_watermark, Idleness, InputClock, PartitionClock, TaskTimers, TimeDomain, TimerEntry,
@@ -131,7 +131,9 @@ pub(crate) struct Task<P: Processor> {
     kinds: Vec<InputKind>,
     watermark: i64,
     clocks_dirty: bool,
-    timer_store: StoreIndex,
+    /// Where timers are persisted; none if the processor derives them
+    /// from state ([`Processor::TIMERS_FROM_STATE`]).
+    timer_store: Option<StoreIndex>,
     progress_store: StoreIndex,
     pub counters: BTreeMap<&'static str, u64>,
     buffers: Vec<VecDeque<Pending<P::Input>>>,
@@ -198,7 +200,7 @@ impl<P: Processor> Task<P> {
         kinds: &[InputKind],
         now: Now,
     ) -> anyhow::Result<Self> {
-        let timer_store = store.index_of(TIMER_STORE).expect("timer store");
+        let timer_store = store.index_of(TIMER_STORE);
         let progress_store = store.index_of(PROGRESS_STORE).expect("progress store");
         let mut task = Task {
             partition,
@@ -225,11 +227,25 @@ impl<P: Processor> Task<P> {
     /// (Re)loads timers and clocks from committed state.
     fn load(&mut self, now: Now) -> anyhow::Result<()> {
         let mut timers = TaskTimers::default();
-        self.store.for_each_committed(self.timer_store, |key, _| {
-            let (domain, entry) = TimerEntry::from_store_key(key)?;
-            timers.queue_mut(domain).load(entry);
-            Ok(())
-        })?;
+        match self.timer_store {
+            Some(timer_store) => self.store.for_each_committed(timer_store, |key, _| {
+                let (domain, entry) = TimerEntry::from_store_key(key)?;
+                timers.queue_mut(domain).load(entry);
+                Ok(())
+            })?,
+            None => self
+                .processor
+                .derive_timers(
+                    &StateView { store: &self.store },
+                    &mut DerivedTimers {
+                        timers: &mut timers,
+                        _processor: PhantomData,
+                    },
+                )
+                .map_err(|e| {
+                    anyhow::anyhow!("task {}: deriving timers from state: {e:#}", self.partition)
+                })?,
+        }
         self.timers = timers;
         let now = now.instant;
         self.clocks.clear();
@@ -517,7 +533,9 @@ impl<P: Processor> Task<P> {
         domain: TimeDomain,
         entry: TimerEntry,
     ) -> anyhow::Result<()> {
-        self.store.delete(self.timer_store, entry.store_key(domain));
+        if let Some(timer_store) = self.timer_store {
+            self.store.delete(timer_store, entry.store_key(domain));
+        }
         let name = P::Timers::from_name(&entry.name).ok_or_else(|| {
             anyhow::anyhow!(
                 "task {}: a stored timer is named '{}', which the processor does not know",

@@ -17,6 +17,7 @@ use apache_avro::Schema;
 
 use crate::avro::{leak_schema, AvroDecoder, DecodeError, Registry};
 use crate::duration::HumanDuration;
+use crate::processor::Processor;
 
 /// Decodes a wire-format value into the processor's input, with its event time.
 pub(crate) type DecodeFn<I> =
@@ -218,19 +219,22 @@ pub(crate) const TIMER_STORE: &str = "timers";
 /// watermark and the next offset of every input partition.
 pub(crate) const PROGRESS_STORE: &str = "task-progress";
 
-/// Every store of a processor that declares `declared`, the runtime's own
-/// last; a declared name that clashes with those is an error.
-pub(crate) fn all_stores(declared: &[&'static str]) -> anyhow::Result<Vec<String>> {
-    for name in declared {
+/// Every store of processor `P`, the runtime's own last (the timer store
+/// only if `P` does not derive its timers from state); a declared name that
+/// clashes with those is an error.
+pub(crate) fn all_stores<P: Processor>() -> anyhow::Result<Vec<String>> {
+    for name in P::STORES {
         anyhow::ensure!(
             *name != TIMER_STORE && *name != PROGRESS_STORE,
             "store name '{name}' is reserved by the runtime"
         );
     }
-    Ok(declared
+    let timers = (!P::TIMERS_FROM_STATE).then_some(TIMER_STORE);
+    Ok(P::STORES
         .iter()
         .copied()
-        .chain([TIMER_STORE, PROGRESS_STORE])
+        .chain(timers)
+        .chain([PROGRESS_STORE])
         .map(str::to_string)
         .collect())
 }

@@ -28,6 +28,8 @@ use rocksdb::{
 
 /// Column family holding, per store, the last changelog offset applied locally.
 const CHECKPOINTS: &str = "__checkpoints";
+/// RocksDB's own column family, which every database has.
+const DEFAULT_FAMILY: &str = "default";
 
 /// RocksDB memory shared by every task of the process: one block cache, with
 /// memtables charged to it, so the whole process stays under one budget however
@@ -175,13 +177,32 @@ impl TaskStore {
             anyhow::anyhow!("cannot create state directory {}: {e}", path.display())
         })?;
         let options = resources.options();
+        // RocksDB opens a database only with all its column families. One
+        // that is no longer wanted (the timer store of a processor that now
+        // derives its timers from state) is opened, then dropped.
+        let existing = DB::list_cf(&options, path).unwrap_or_default();
+        let unwanted: Vec<&String> = existing
+            .iter()
+            .filter(|name| {
+                name.as_str() != DEFAULT_FAMILY
+                    && name.as_str() != CHECKPOINTS
+                    && !names.contains(name)
+            })
+            .collect();
         let families = names
             .iter()
             .map(String::as_str)
             .chain([CHECKPOINTS])
+            .chain(unwanted.iter().map(|name| name.as_str()))
             .map(|name| ColumnFamilyDescriptor::new(name, options.clone()));
-        let db = DB::open_cf_descriptors(&options, path, families)
+        let mut db = DB::open_cf_descriptors(&options, path, families)
             .map_err(|e| anyhow::anyhow!("cannot open state store {}: {e}", path.display()))?;
+        for name in unwanted {
+            let checkpoint_family = db.cf_handle(CHECKPOINTS).expect("checkpoint family");
+            db.delete_cf(checkpoint_family, name.as_bytes())?;
+            db.drop_cf(name)?;
+            tracing::info!(path = %path.display(), store = %name, "dropped a store no longer used");
+        }
         Ok(Self::with_db(db, path, names))
     }
 
@@ -575,6 +596,35 @@ mod tests {
             "{waited:?}"
         );
         drop(opened);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_store_no_longer_declared_is_dropped_and_the_others_kept() {
+        let (mut store, dir) = temp_store(&["kept", "gone"]);
+        store.put(0, b"k".to_vec(), b"1".to_vec());
+        store.put(1, b"k".to_vec(), b"2".to_vec());
+        store.seal();
+        store.apply_sealed(&[(0, 7), (1, 9)]).unwrap();
+        drop(store);
+        let resources = StateResources::new(8 << 20);
+        let mut reopened = TaskStore::open(&dir, &["kept".to_string()], &resources).unwrap();
+        assert_eq!(
+            reopened.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"1".to_vec())
+        );
+        assert_eq!(reopened.checkpoint(0).unwrap(), Some(7));
+        drop(reopened);
+        let families = DB::list_cf(&resources.options(), &dir).unwrap();
+        assert!(!families.contains(&"gone".to_string()), "{families:?}");
+        let readded =
+            TaskStore::open(&dir, &["kept".to_string(), "gone".to_string()], &resources).unwrap();
+        assert_eq!(
+            readded.checkpoint(1).unwrap(),
+            None,
+            "its checkpoint went too"
+        );
+        drop(readded);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
