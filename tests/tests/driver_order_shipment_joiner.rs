@@ -696,6 +696,30 @@ fn rows_are_keyed_by_order_id_on_the_partition_of_their_key() {
 
 #[test]
 fn expired_entries_leave_the_state_as_event_time_moves_on() {
+    expired_entries_leave_the_state(|_| ());
+}
+
+/// The expiry timers follow from the buffered records: none goes to a
+/// changelog, and a task rebuilt from its changelogs alone expires its
+/// buffers all the same.
+#[test]
+fn expiry_timers_come_from_the_buffers_after_a_restore_and_never_go_to_a_changelog() {
+    expired_entries_leave_the_state(|driver| {
+        let stored = |store: &str| {
+            driver
+                .read(&format!("order-shipment-joiner-{store}-changelog"))
+                .unwrap()
+                .len()
+        };
+        assert_eq!(stored("orders"), 50);
+        assert_eq!(stored("timers"), 0);
+        driver.crash_losing_state().unwrap();
+    });
+}
+
+/// Buffers 50 orders and their shipments, commits, calls `then`, and
+/// checks that each side's records expire exactly on their deadlines.
+fn expired_entries_leave_the_state(then: impl FnOnce(&mut TestDriver)) {
     let mut driver = joiner(&[], 1);
     let orders: Vec<Order> = (0..50).map(|id| order(id, T + i64::from(id))).collect();
     let shipments: Vec<Shipment> = (0..50)
@@ -704,6 +728,7 @@ fn expired_entries_leave_the_state_as_event_time_moves_on() {
     pipe_orders(&mut driver, &orders);
     pipe_shipments(&mut driver, &shipments);
     settle(&mut driver);
+    then(&mut driver);
     assert_eq!(lines(&driver, OUTPUT).len(), 50);
     let ids: Vec<String> = {
         let mut ids: Vec<String> = (0..50).map(|id: i32| id.to_string()).collect();
@@ -1212,11 +1237,12 @@ fn stale_shipments_over_three_partitions_are_late_whatever_the_commits() {
 }
 
 /// Random event times with late records on both sides, the two topics
-/// piped in a random interleaving with commits at random points, on one
-/// partition (a commit's announcements then say nothing that the stamps
-/// have not said): the output and the late records are the model's.
+/// piped in a random interleaving with commits and crashes (half of them
+/// losing the local state) at random points, on one partition (a commit's
+/// announcements then say nothing that the stamps have not said): the
+/// output and the late records are the model's.
 #[test]
-fn random_interleavings_and_commits_match_the_model_of_the_lateness_rule() {
+fn random_interleavings_commits_and_crashes_match_the_model_of_the_lateness_rule() {
     for _ in 0..20 {
         let seed = seed();
         let mut rng = StdRng::seed_from_u64(seed);
@@ -1230,6 +1256,13 @@ fn random_interleavings_and_commits_match_the_model_of_the_lateness_rule() {
         for is_order in sides {
             if rng.random_bool(0.2) {
                 driver.commit().unwrap();
+            }
+            if rng.random_bool(0.02) {
+                if rng.random_bool(0.5) {
+                    driver.crash_losing_state().unwrap();
+                } else {
+                    driver.crash().unwrap();
+                }
             }
             if is_order {
                 pipe_orders(

@@ -221,4 +221,29 @@ impl Processor for IntervalJoin {
             ),
         }
     }
+
+    /// A side's expiry timer of an order id is always the expiry of its
+    /// earliest buffered record (buffering moves it earlier, expiring
+    /// re-arms it for the earliest left, and an empty side is deleted), so
+    /// the timers follow from the buffers and none is written to a changelog.
+    const TIMERS_FROM_STATE: bool = true;
+
+    fn derive_timers(
+        &self,
+        state: &StateView<'_>,
+        timers: &mut DerivedTimers<'_, Self>,
+    ) -> anyhow::Result<()> {
+        state.for_each(&ORDERS, |key, orders: Buffered<Order>| {
+            if let Some(earliest) = orders.keys().next() {
+                timers.set_timer(key, Expiry::Order, self.order_expiry(*earliest));
+            }
+            Ok(())
+        })?;
+        state.for_each(&SHIPMENTS, |key, shipments: Buffered<Shipment>| {
+            if let Some(earliest) = shipments.keys().next() {
+                timers.set_timer(key, Expiry::Shipment, Self::shipment_expiry(*earliest));
+            }
+            Ok(())
+        })
+    }
 }
