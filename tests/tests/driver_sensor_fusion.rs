@@ -478,6 +478,51 @@ fn nothing_is_emitted_until_both_topics_have_moved_past_a_window() {
     );
 }
 
+/// The window-end timers follow from the buffered windows: none goes to a
+/// changelog, and a task rebuilt from its changelogs alone (local state
+/// lost) closes its windows all the same.
+#[test]
+fn window_timers_come_from_the_buffered_windows_after_a_restore_and_never_go_to_a_changelog() {
+    let mut driver = fusion(&[], 1);
+    send(
+        &mut driver,
+        &[
+            temperature("M1", Some(80.0), T0),
+            temperature("M2", Some(81.0), T0 + WINDOW),
+            humidity("M1", Some(40.0), T0 + 10),
+        ],
+    );
+    settle(&mut driver);
+    let stored = |driver: &TestDriver, store: &str| {
+        driver
+            .read(&format!("sensor-fusion-{store}-changelog"))
+            .unwrap()
+            .len()
+    };
+    assert_eq!(
+        stored(&driver, "window-readings"),
+        2,
+        "one record per window"
+    );
+    assert_eq!(stored(&driver, "timers"), 0);
+    driver.crash_losing_state().unwrap();
+    send(
+        &mut driver,
+        &[
+            temperature("M3", Some(82.0), T0 + 2 * WINDOW),
+            humidity("M3", Some(50.0), T0 + 2 * WINDOW),
+        ],
+    );
+    settle(&mut driver);
+    assert_eq!(
+        verdicts(&driver),
+        vec![
+            verdict("M1", T0, (Some(80.0), 1), (Some(40.0), 1), false),
+            verdict("M2", T0 + WINDOW, (Some(81.0), 1), (None, 0), false),
+        ]
+    );
+}
+
 #[test]
 fn windows_closing_in_one_advance_come_out_by_end_then_machine_bytes() {
     let mut driver = fusion(&[], 1);

@@ -17,18 +17,24 @@ struct Run {
     input: String,
     output: String,
     arguments: Vec<String>,
+    lines: Vec<Value>,
     inputs: usize,
     expected: Vec<Value>,
 }
 
-/// Topics, arguments for two threads (and `extra`) and generated input
-/// (already produced).
+impl Run {
+    fn produce_input(&self) {
+        produce(&self.input, "user-events", &self.lines);
+    }
+}
+
+/// Topics, arguments for two threads (and `extra`) and generated input (not
+/// produced yet).
 fn prepare(users: usize, extra: &[&str]) -> Run {
     let input = unique("user-events");
     let output = unique("user-sessions");
     create_topic(&input, PARTITIONS);
     let (lines, expected) = generate(users, 9, BASE);
-    produce(&input, "user-events", &lines);
     let mut arguments = args(&[
         "--input-topic",
         &input,
@@ -50,6 +56,7 @@ fn prepare(users: usize, extra: &[&str]) -> Run {
         output,
         arguments,
         inputs: lines.len(),
+        lines,
         expected,
     }
 }
@@ -87,10 +94,19 @@ fn tasks_opened_by(log: &str, thread: usize) -> Vec<i32> {
 
 /// Runs the service with two threads to the end of its output and checks
 /// that it is exact, that every thread had tasks and consumed, and that
-/// SIGTERM stops it cleanly.
+/// SIGTERM stops it cleanly. The input is produced once both threads hold
+/// tasks: the first thread to join could otherwise be through all of it
+/// before the second one's rebalance.
 fn assert_threads_share_the_work(run: &Run) {
     let service = Service::start("sessionizer", &run.arguments);
     service.wait_ready(Duration::from_secs(60));
+    let both_hold_tasks = eventually(Duration::from_secs(60), || {
+        let log = service.log();
+        (0..THREADS).all(|thread| !tasks_opened_by(&log, thread).is_empty())
+    });
+    assert!(both_hold_tasks, "a thread got no task:\n{}", service.log());
+    service.wait_ready(Duration::from_secs(60));
+    run.produce_input();
     let output = wait_for_records(&run.output, run.expected.len(), Duration::from_secs(240));
     assert_same_records(&output, &run.expected, &service.log());
 
@@ -146,6 +162,7 @@ fn kill_9_with_two_threads_then_restart_gives_exact_output() {
     let run = prepare(12_000, &[]);
     let state = fresh_state_dir();
     let first = Service::start_with_state("sessionizer", &run.arguments, state.clone());
+    run.produce_input();
     assert!(
         eventually(Duration::from_secs(120), || consumed(&first, &run)
             >= 30_000.0),

@@ -196,6 +196,30 @@ impl Processor for SensorFusion {
         Ok(())
     }
 
+    /// Watermark mode: every buffered window has its end timer, and the
+    /// timer's firing emits and removes the window, so the timers follow
+    /// from the buffered windows and none is written to a changelog.
+    /// Rollover mode sets no timers.
+    const TIMERS_FROM_STATE: bool = true;
+
+    fn derive_timers(
+        &self,
+        state: &StateView<'_>,
+        timers: &mut DerivedTimers<'_, Self>,
+    ) -> anyhow::Result<()> {
+        if self.emit == EmitMode::Rollover {
+            return Ok(());
+        }
+        state.for_each_map_key(&WINDOW_READINGS, |machine, start: i64| {
+            timers.set_timer(
+                &window_timer_key(machine, start),
+                WindowTimer::End,
+                start + self.interval,
+            );
+            Ok(())
+        })
+    }
+
     /// Watermark mode: late when the reading's window has already ended.
     /// Rollover mode has no lateness check.
     fn is_late(&self, event_time: i64, watermark: i64) -> bool {

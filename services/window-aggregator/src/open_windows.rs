@@ -67,6 +67,24 @@ impl OpenWindows {
         Ok(())
     }
 
+    /// Sets every key's flush timer from the open windows in `state`: it is
+    /// always the end of the key's earliest open window (an update only
+    /// moves it earlier, a flush re-arms it for the earliest window left, and
+    /// a key without windows is deleted), so processors over open windows
+    /// derive their timers instead of writing them to a changelog.
+    pub fn derive_timers<P: Processor<Timers = WindowTimer>>(
+        &self,
+        state: &StateView<'_>,
+        timers: &mut DerivedTimers<'_, P>,
+    ) -> anyhow::Result<()> {
+        state.for_each(&OPEN_WINDOWS, |key, windows: BTreeMap<i64, Accumulator>| {
+            if let Some(start) = windows.keys().next() {
+                timers.set_timer(key, WindowTimer::Flush, start + self.size);
+            }
+            Ok(())
+        })
+    }
+
     /// Removes every window of the timer's key that ends by the timer's time
     /// and hands it to `closed` (start, end, aggregate), earliest first; then
     /// sets the flush timer to the next open window's end.

@@ -122,6 +122,16 @@ impl Processor for PartialAggregator {
         })
     }
 
+    const TIMERS_FROM_STATE: bool = true;
+
+    fn derive_timers(
+        &self,
+        state: &StateView<'_>,
+        timers: &mut DerivedTimers<'_, Self>,
+    ) -> anyhow::Result<()> {
+        self.windows.derive_timers(state, timers)
+    }
+
     /// Late when every window containing the order has ended by the watermark.
     fn is_late(&self, event_time: i64, watermark: i64) -> bool {
         let last_end = tumbling_start(event_time, self.shape.advance) + self.shape.size;
@@ -166,5 +176,15 @@ impl Processor for FinalAggregator {
                 &window.to_result(start, end, group.map(str::to_string)),
             )
         })
+    }
+
+    const TIMERS_FROM_STATE: bool = true;
+
+    fn derive_timers(
+        &self,
+        state: &StateView<'_>,
+        timers: &mut DerivedTimers<'_, Self>,
+    ) -> anyhow::Result<()> {
+        self.windows.derive_timers(state, timers)
     }
 }

@@ -29,7 +29,7 @@ use serde::Serialize;
 use crate::collector::Collector;
 use crate::jobs::{Completion, Job};
 use crate::output::OutputEncoder;
-use crate::state::codec::{decode_value, encode_value, map_prefix, MapKey};
+use crate::state::codec::{decode_value, encode_value, map_prefix, split_map_key, MapKey};
 use crate::state::store::{StoreIndex, TaskStore};
 use crate::time::{TaskTimers, TimeDomain, NO_WATERMARK};
 use crate::watermark::Announcement;
@@ -106,14 +106,29 @@ impl StateView<'_> {
         state: &ValueState<T>,
         mut visit: impl FnMut(&str, T) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
-        let store = self.store.index_of(state.name).unwrap_or_else(|| {
-            panic!(
-                "state store '{}' is missing from the processor's STORES",
-                state.name
-            )
-        });
-        self.store.for_each_committed(store, |key, value| {
-            visit(std::str::from_utf8(key)?, decode_value(value)?)
+        self.store
+            .for_each_committed(self.index(state.name), |key, value| {
+                visit(std::str::from_utf8(key)?, decode_value(value)?)
+            })
+    }
+
+    /// Calls `visit` with the key and the entry key of every entry of every
+    /// key's map in `map`, in key order (values are not read).
+    pub fn for_each_map_key<K: MapKey, V>(
+        &self,
+        map: &MapState<K, V>,
+        mut visit: impl FnMut(&str, K) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.store
+            .for_each_committed(self.index(map.name), |bytes, _| {
+                let (key, entry) = split_map_key(bytes)?;
+                visit(std::str::from_utf8(key)?, K::decode_key(entry)?)
+            })
+    }
+
+    fn index(&self, name: &str) -> StoreIndex {
+        self.store.index_of(name).unwrap_or_else(|| {
+            panic!("state store '{name}' is missing from the processor's STORES")
         })
     }
 }

@@ -108,6 +108,16 @@ pub fn map_prefix(key: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(key);
 }
 
+/// Splits a stored map entry's key into the record key and the entry's
+/// key: the inverse of [`map_prefix`] followed by the entry key.
+pub fn split_map_key(bytes: &[u8]) -> anyhow::Result<(&[u8], &[u8])> {
+    anyhow::ensure!(bytes.len() >= 4, "map entry key too short");
+    let (len, rest) = bytes.split_at(4);
+    let len = u32::from_be_bytes(len.try_into()?) as usize;
+    anyhow::ensure!(rest.len() >= len, "map entry key truncated");
+    Ok(rest.split_at(len))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +141,17 @@ mod tests {
         (-5i64, "doc-7".to_string()).encode_key(&mut out);
         let decoded = <(i64, String)>::decode_key(&out).unwrap();
         assert_eq!(decoded, (-5, "doc-7".to_string()));
+    }
+
+    #[test]
+    fn a_map_entry_key_splits_back_into_record_key_and_entry_key() {
+        let mut out = Vec::new();
+        map_prefix(b"machine-1", &mut out);
+        42i64.encode_key(&mut out);
+        let (key, entry) = split_map_key(&out).unwrap();
+        assert_eq!(key, b"machine-1");
+        assert_eq!(i64::decode_key(entry).unwrap(), 42);
+        assert!(split_map_key(&out[..6]).is_err());
     }
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]
