@@ -31,7 +31,7 @@ use crate::jobs::{Completion, Job};
 use crate::output::OutputEncoder;
 use crate::state::codec::{decode_value, encode_value, map_prefix, split_map_key, MapKey};
 use crate::state::store::{StoreIndex, TaskStore};
-use crate::time::{TaskTimers, TimeDomain, NO_WATERMARK};
+use crate::time::{TaskTimers, TimeDomain, TimerEntry, NO_WATERMARK};
 use crate::watermark::Announcement;
 
 /// Domain logic of a service.
@@ -556,19 +556,26 @@ impl<P: Processor> Context<'_, P> {
             return;
         };
         if let Some(previous) = previous {
-            self.store.delete(timer_store, previous.store_key(domain));
+            self.store.delete(
+                timer_store,
+                TimerEntry::store_key_of(domain, previous, key, name),
+            );
         }
         self.store.put(
             timer_store,
-            crate::time::TimerEntry::store_key_of(domain, time, key, name),
+            TimerEntry::store_key_of(domain, time, key, name),
             Vec::new(),
         );
     }
 
     fn clear_in(&mut self, domain: TimeDomain, key: &str, name: P::Timers) {
-        let previous = self.timers.queue_mut(domain).remove(key, name.name());
+        let name = name.name();
+        let previous = self.timers.queue_mut(domain).remove(key, name);
         if let (Some(previous), Some(timer_store)) = (previous, self.timer_store) {
-            self.store.delete(timer_store, previous.store_key(domain));
+            self.store.delete(
+                timer_store,
+                TimerEntry::store_key_of(domain, previous, key, name),
+            );
         }
     }
 }

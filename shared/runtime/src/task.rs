@@ -229,8 +229,17 @@ impl<P: Processor> Task<P> {
         let mut timers = TaskTimers::default();
         match self.timer_store {
             Some(timer_store) => self.store.for_each_committed(timer_store, |key, _| {
-                let (domain, entry) = TimerEntry::from_store_key(key)?;
-                timers.queue_mut(domain).load(entry);
+                let stored = TimerEntry::from_store_key(key)?;
+                let name = P::Timers::from_name(stored.name).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "task {}: a stored timer is named '{}', which the processor does not know",
+                        self.partition,
+                        stored.name
+                    )
+                })?;
+                timers
+                    .queue_mut(stored.domain)
+                    .set(stored.key, name.name(), stored.time);
                 Ok(())
             })?,
             None => self
@@ -536,13 +545,8 @@ impl<P: Processor> Task<P> {
         if let Some(timer_store) = self.timer_store {
             self.store.delete(timer_store, entry.store_key(domain));
         }
-        let name = P::Timers::from_name(&entry.name).ok_or_else(|| {
-            anyhow::anyhow!(
-                "task {}: a stored timer is named '{}', which the processor does not know",
-                self.partition,
-                entry.name
-            )
-        })?;
+        let name =
+            P::Timers::from_name(entry.name).expect("queued timer names are the processor's own");
         let timer = Timer {
             key: &entry.key,
             name,

@@ -7,8 +7,10 @@
 //! watermark is the minimum of what every upstream task has announced.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 use std::time::{Duration, Instant};
 
 use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
@@ -189,12 +191,25 @@ pub fn task_watermark(
         .min()
 }
 
-/// One pending timer: a name per key, at an event time.
+/// One pending timer: a name per key, at a time. Timers due at the same
+/// time fire in key order, then name order (bytes).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TimerEntry {
     pub time: i64,
-    pub key: String,
-    pub name: String,
+    /// Shared with the queue's index by key: a timer costs one copy of its
+    /// key, however often it is moved.
+    pub key: Arc<str>,
+    /// One of the processor's timer names (see [`TimerName`](crate::TimerName)).
+    pub name: &'static str,
+}
+
+/// A timer as the timer store keeps it, borrowed from the store key.
+#[derive(Debug, PartialEq, Eq)]
+pub struct StoredTimer<'a> {
+    pub domain: TimeDomain,
+    pub time: i64,
+    pub key: &'a str,
+    pub name: &'a str,
 }
 
 /// Which clock a timer runs on.
@@ -255,7 +270,7 @@ impl TimerEntry {
     /// The state-store key of this timer in `domain`: domain, then time, so
     /// a scan is time-ordered per domain.
     pub fn store_key(&self, domain: TimeDomain) -> Vec<u8> {
-        Self::store_key_of(domain, self.time, &self.key, &self.name)
+        Self::store_key_of(domain, self.time, &self.key, self.name)
     }
 
     /// The state-store key of timer `name` of `key` at `time`, without
@@ -271,7 +286,7 @@ impl TimerEntry {
     }
 
     /// Inverse of [`TimerEntry::store_key`].
-    pub fn from_store_key(bytes: &[u8]) -> anyhow::Result<(TimeDomain, Self)> {
+    pub fn from_store_key(bytes: &[u8]) -> anyhow::Result<StoredTimer<'_>> {
         let (domain, bytes) = match bytes.split_first() {
             Some((b'e', rest)) => (TimeDomain::EventTime, rest),
             Some((b'w', rest)) => (TimeDomain::WallClock, rest),
@@ -281,72 +296,88 @@ impl TimerEntry {
         let time = i64_from_ordered_bytes(bytes[..8].try_into()?);
         let key_len = u32::from_be_bytes(bytes[8..12].try_into()?) as usize;
         anyhow::ensure!(bytes.len() >= 12 + key_len, "timer key truncated");
-        let key = std::str::from_utf8(&bytes[12..12 + key_len])?.to_string();
-        let name = std::str::from_utf8(&bytes[12 + key_len..])?.to_string();
-        Ok((domain, TimerEntry { time, key, name }))
+        Ok(StoredTimer {
+            domain,
+            time,
+            key: std::str::from_utf8(&bytes[12..12 + key_len])?,
+            name: std::str::from_utf8(&bytes[12 + key_len..])?,
+        })
     }
 }
 
 /// The pending timers of one task, in time order, with one timer per key and
-/// name. Persisted through the task's timer store by the caller; this is the
-/// in-memory index that makes "next due timer" a constant-time lookup.
+/// name. Persisted through the task's timer store by the caller (or derived
+/// from state); this is the in-memory index that makes "next due timer" a
+/// constant-time lookup.
 ///
-/// `by_key` maps a key to its few named timers, so lookups by `&str` need no
-/// allocation on the hot path.
+/// A key is stored once, shared by both indexes, and names are the
+/// processor's static names: moving an existing timer allocates nothing,
+/// and a million pending timers cost about a hundred bytes each.
 #[derive(Debug, Default)]
 pub struct TimerQueue {
     by_time: BTreeSet<TimerEntry>,
-    by_key: FxHashMap<String, Vec<(String, i64)>>,
+    by_key: FxHashMap<Arc<str>, NamedTimes>,
 }
 
-impl TimerQueue {
-    /// Adds a timer loaded from the store (replacing none).
-    pub fn load(&mut self, entry: TimerEntry) {
-        let named = (entry.name.clone(), entry.time);
-        match self.by_key.get_mut(entry.key.as_str()) {
-            Some(timers) => timers.push(named),
-            None => {
-                self.by_key.insert(entry.key.clone(), vec![named]);
-            }
-        }
-        self.by_time.insert(entry);
-    }
+/// One key's timers, by name, with their times: most keys have one, kept
+/// inline.
+type NamedTimes = SmallVec<[(&'static str, i64); 1]>;
 
+impl TimerQueue {
     /// The time of the timer `name` of `key`, if one is set.
     pub fn get(&self, key: &str, name: &str) -> Option<i64> {
         self.by_key
             .get(key)?
             .iter()
-            .find(|(n, _)| n == name)
+            .find(|(n, _)| *n == name)
             .map(|(_, time)| *time)
     }
 
-    /// Sets timer `name` of `key` to `time`, returning the entry it replaced.
-    pub fn set(&mut self, key: &str, name: &str, time: i64) -> Option<TimerEntry> {
-        let previous = self.remove(key, name);
-        self.load(TimerEntry {
+    /// Sets timer `name` of `key` to `time`; returns the time it replaced.
+    pub fn set(&mut self, key: &str, name: &'static str, time: i64) -> Option<i64> {
+        let shared = match self.by_key.get_key_value(key) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::from(key),
+        };
+        let named = self.by_key.entry(shared.clone()).or_default();
+        let previous = match named.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, at)) => Some(std::mem::replace(at, time)),
+            None => {
+                named.push((name, time));
+                None
+            }
+        };
+        if let Some(previous) = previous {
+            self.by_time.remove(&TimerEntry {
+                time: previous,
+                key: shared.clone(),
+                name,
+            });
+        }
+        self.by_time.insert(TimerEntry {
             time,
-            key: key.to_string(),
-            name: name.to_string(),
+            key: shared,
+            name,
         });
         previous
     }
 
-    /// Removes timer `name` of `key`, returning it.
-    pub fn remove(&mut self, key: &str, name: &str) -> Option<TimerEntry> {
+    /// Removes timer `name` of `key`; returns its time.
+    pub fn remove(&mut self, key: &str, name: &str) -> Option<i64> {
+        let (shared, named) = self.by_key.get_key_value(key)?;
+        let position = named.iter().position(|(n, _)| *n == name)?;
+        let shared = shared.clone();
         let named = self.by_key.get_mut(key)?;
-        let position = named.iter().position(|(n, _)| n == name)?;
         let (name, time) = named.swap_remove(position);
         if named.is_empty() {
             self.by_key.remove(key);
         }
-        let entry = TimerEntry {
+        self.by_time.remove(&TimerEntry {
             time,
-            key: key.to_string(),
+            key: shared,
             name,
-        };
-        self.by_time.remove(&entry);
-        Some(entry)
+        });
+        Some(time)
     }
 
     /// Removes and returns the earliest timer due at `now` (time <= now): a
@@ -356,10 +387,10 @@ impl TimerQueue {
             return None;
         }
         let entry = self.by_time.pop_first()?;
-        if let Some(named) = self.by_key.get_mut(&entry.key) {
+        if let Some(named) = self.by_key.get_mut(&*entry.key) {
             named.retain(|(n, _)| *n != entry.name);
             if named.is_empty() {
-                self.by_key.remove(&entry.key);
+                self.by_key.remove(&*entry.key);
             }
         }
         Some(entry)
@@ -503,10 +534,47 @@ mod tests {
         timers.set("amy", "inactivity", 100);
         timers.set("bob", "inactivity", 200);
         assert_eq!(timers.len(), 2);
-        assert_eq!(timers.pop_due(150).unwrap().key, "amy");
+        assert_eq!(&*timers.pop_due(150).unwrap().key, "amy");
         assert!(timers.pop_due(150).is_none());
         assert_eq!(timers.pop_due(200).unwrap().time, 200);
         assert!(timers.is_empty());
+    }
+
+    #[test]
+    fn several_named_timers_of_a_key_move_and_go_independently() {
+        let mut timers = TimerQueue::default();
+        assert_eq!(timers.set("k", "a", 10), None);
+        assert_eq!(timers.set("k", "b", 5), None);
+        assert_eq!(timers.set("k", "a", 3), Some(10));
+        assert_eq!(timers.get("k", "a"), Some(3));
+        assert_eq!(timers.get("k", "b"), Some(5));
+        assert_eq!(timers.remove("k", "b"), Some(5));
+        assert_eq!(timers.remove("k", "b"), None);
+        assert_eq!(timers.len(), 1);
+        let due = timers.pop_due(3).unwrap();
+        assert_eq!((&*due.key, due.name, due.time), ("k", "a", 3));
+        assert_eq!(timers.get("k", "a"), None);
+        assert!(timers.is_empty());
+    }
+
+    #[test]
+    fn timers_due_at_the_same_time_pop_in_key_then_name_order() {
+        let mut timers = TimerQueue::default();
+        for (key, name) in [("b", "x"), ("a", "y"), ("a", "x"), ("B", "x")] {
+            timers.set(key, name, 1);
+        }
+        let order: Vec<(String, &str)> = std::iter::from_fn(|| timers.pop_due(1))
+            .map(|entry| (entry.key.to_string(), entry.name))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("B".to_string(), "x"),
+                ("a".to_string(), "x"),
+                ("a".to_string(), "y"),
+                ("b".to_string(), "x")
+            ]
+        );
     }
 
     #[test]
@@ -514,23 +582,25 @@ mod tests {
         let early = TimerEntry {
             time: -5,
             key: "z".into(),
-            name: "t".into(),
+            name: "t",
         };
         let late = TimerEntry {
             time: 7,
             key: "a".into(),
-            name: "t".into(),
+            name: "t",
         };
         let domain = TimeDomain::EventTime;
         assert!(early.store_key(domain) < late.store_key(domain));
-        assert_eq!(
-            TimerEntry::from_store_key(&late.store_key(domain)).unwrap(),
-            (domain, late.clone())
-        );
-        let wall = TimeDomain::WallClock;
-        assert_eq!(
-            TimerEntry::from_store_key(&late.store_key(wall)).unwrap(),
-            (wall, late)
-        );
+        for domain in [TimeDomain::EventTime, TimeDomain::WallClock] {
+            assert_eq!(
+                TimerEntry::from_store_key(&late.store_key(domain)).unwrap(),
+                StoredTimer {
+                    domain,
+                    time: 7,
+                    key: "a",
+                    name: "t"
+                }
+            );
+        }
     }
 }
