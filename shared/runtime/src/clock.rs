@@ -14,7 +14,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// A source of wall-clock time: the system's, or one moved by hand.
 #[derive(Debug, Clone)]
 pub(crate) enum Clock {
-    System,
+    /// The monotonic clock, with epoch milliseconds counted from one reading
+    /// of the system time at start: one clock read per [`Clock::now`] (it is
+    /// read for every record), and processing time that a step of the
+    /// system clock (a manual setting) does not move back or forth.
+    System {
+        start: Instant,
+        start_epoch_ms: i64,
+    },
     Manual(Arc<ManualTime>),
 }
 
@@ -46,15 +53,30 @@ impl Clock {
         (Clock::Manual(time.clone()), time)
     }
 
+    /// The system's clock, from now on.
+    pub fn system() -> Clock {
+        Clock::System {
+            start: Instant::now(),
+            start_epoch_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+        }
+    }
+
     /// The time now.
     pub fn now(&self) -> Now {
         match self {
-            Clock::System => Now {
-                instant: Instant::now(),
-                epoch_ms: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as i64),
-            },
+            Clock::System {
+                start,
+                start_epoch_ms,
+            } => {
+                let instant = Instant::now();
+                let elapsed = instant.saturating_duration_since(*start).as_millis() as i64;
+                Now {
+                    instant,
+                    epoch_ms: start_epoch_ms + elapsed,
+                }
+            }
             Clock::Manual(time) => {
                 let elapsed = time.elapsed_ms.load(Ordering::Relaxed);
                 Now {

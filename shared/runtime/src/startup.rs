@@ -636,7 +636,7 @@ impl<P: Processor> StagePlan<P> {
                 job_workers: self.topology.job_workers,
             },
             self.registry.clone(),
-            Clock::System,
+            Clock::system(),
             env.shutdown.clone(),
         )?;
         let restorer = Restorer::new(&env.client_config, &self.application_id)?;

@@ -811,30 +811,22 @@ fn process_until_shutdown<P: Processor>(
                 .as_ref()
                 .is_some_and(|stage| stage.in_flight.is_some())
         };
-        let mut timeout = Duration::from_millis(if committing { 1 } else { 20 });
-        let mut polling = Duration::ZERO;
-        // One clock read per phase change: the end of a poll starts the
-        // processing, the end of the processing starts the next poll.
-        let mut poll_started = Instant::now();
-        for _ in 0..MAX_BATCH {
-            let polled = consumer.poll(timeout);
-            let polled_at = Instant::now();
-            polling += polled_at.saturating_duration_since(poll_started);
-            poll_started = polled_at;
-            let Some(polled) = polled else {
-                break;
-            };
-            timeout = Duration::ZERO;
+        let timeout = Duration::from_millis(if committing { 1 } else { 20 });
+        // The clock is read around the batch, not per record: `poll` is the
+        // wait for its first record, `process` everything after it, the
+        // non-blocking polls that take what is already fetched included.
+        let wait_started = Instant::now();
+        let mut polled = consumer.poll(timeout);
+        let batch_started = Instant::now();
+        let mut handled = 0;
+        while let Some(result) = polled {
             let mut guard = consumer.context().stage.lock().unwrap();
             let stage = guard.as_mut().expect("stage present while running");
             if let Some(error) = stage.fatal.take() {
                 return Err(error);
             }
-            match polled {
-                Ok(message) => {
-                    stage.handle(&message)?;
-                    poll_started = stage.phases.lap(Phase::Process, polled_at);
-                }
+            match result {
+                Ok(message) => stage.handle(&message)?,
                 Err(error) if is_fatal(&error) => {
                     anyhow::bail!("the Kafka consumer failed and cannot go on: {error}");
                 }
@@ -846,16 +838,24 @@ fn process_until_shutdown<P: Processor>(
                     break;
                 }
             }
-            if stage.wants_tick() {
+            handled += 1;
+            if handled == MAX_BATCH || stage.wants_tick() {
                 break;
             }
+            // Rebalance callbacks run inside `poll` and take the lock.
+            drop(guard);
+            polled = consumer.poll(Duration::ZERO);
         }
         let mut guard = consumer.context().stage.lock().unwrap();
         let stage = guard.as_mut().expect("stage present while running");
         if let Some(error) = stage.fatal.take() {
             return Err(error);
         }
-        stage.phases.add(Phase::Poll, polling);
+        stage.phases.add(
+            Phase::Poll,
+            batch_started.saturating_duration_since(wait_started),
+        );
+        stage.phases.lap(Phase::Process, batch_started);
         stage.tick(consumer)?;
     }
     tracing::info!("shutdown requested; committing and closing");
