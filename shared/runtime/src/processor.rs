@@ -93,6 +93,14 @@ pub trait Processor: Clone + Send + 'static {
     }
 }
 
+/// The index of the store `name`, which the processor must have declared
+/// in its `STORES` (using an undeclared one is a programming error).
+fn declared_store(store: &TaskStore, name: &str) -> StoreIndex {
+    store
+        .index_of(name)
+        .unwrap_or_else(|| panic!("state store '{name}' is missing from the processor's STORES"))
+}
+
 /// A task's committed state, read while its timers are derived (see
 /// [`Processor::derive_timers`]).
 pub struct StateView<'a> {
@@ -127,9 +135,7 @@ impl StateView<'_> {
     }
 
     fn index(&self, name: &str) -> StoreIndex {
-        self.store.index_of(name).unwrap_or_else(|| {
-            panic!("state store '{name}' is missing from the processor's STORES")
-        })
+        declared_store(self.store, name)
     }
 }
 
@@ -397,9 +403,7 @@ impl<P: Processor> Context<'_, P> {
     }
 
     fn index(&self, name: &str) -> StoreIndex {
-        self.store.index_of(name).unwrap_or_else(|| {
-            panic!("state store '{name}' is missing from the processor's STORES")
-        })
+        declared_store(self.store, name)
     }
 
     /// The value of `state` for `key`.
