@@ -178,3 +178,88 @@ fn two_instances_over_three_partitions_keep_each_task_together() {
         second.metrics()
     );
 }
+
+/// An input that runs ahead of the other is not read into memory whole: with
+/// the merge waiting for shipments (none yet), the service stops fetching
+/// orders once its task holds 100 000 of them (`MAX_BUFFERED` in the
+/// runtime), and resumes as they are joined, losing none.
+#[test]
+fn an_input_running_ahead_is_paused_and_nothing_is_lost() {
+    const ORDERS: i32 = 150_000;
+    const BOUND: f64 = 100_000.0 + 1_000.0; // the bound plus one polled batch
+    let topics = topics(1);
+    let mut arguments = service_args(&topics, &unique("joiner"));
+    arguments.extend(args(&["--max-task-idle", "20s"]));
+    let service = Service::start("order-shipment-joiner", &arguments);
+    service.wait_ready(Duration::from_secs(60));
+    let base = 1_692_000_000i64;
+    let orders: Vec<Value> = (0..ORDERS).map(|id| order(id, base + id as i64)).collect();
+    produce(&topics.orders, "orders", &orders);
+
+    let consumed = format!(
+        "streams_records_consumed_total{{topic=\"{}\"}}",
+        topics.orders
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || service.metric(&consumed)
+            >= 100_000.0),
+        "orders consumed: {}; log:\n{}",
+        service.metric(&consumed),
+        service.log()
+    );
+    // Well within the 20 s the merge waits for shipments: nothing is
+    // processed, so without the bound all orders would be read by now.
+    std::thread::sleep(Duration::from_secs(3));
+    let held = service.metric(&consumed);
+    assert!(
+        held <= BOUND,
+        "{held} orders read while none could be processed; log:\n{}",
+        service.log()
+    );
+
+    let shipments: Vec<Value> = (0..ORDERS)
+        .map(|id| shipment(&format!("ship-{id}"), id, base + id as i64 + 3_600))
+        .collect();
+    produce(&topics.shipments, "shipments", &shipments);
+    let output = wait_for_records(&topics.output, ORDERS as usize, Duration::from_secs(120));
+    let expected: HashMap<String, i64> = (0..ORDERS).map(|id| (format!("ship-{id}"), 1)).collect();
+    assert_join(&output, &expected, &service.log());
+}
+
+/// A merge that releases a long run of records at once does not hold back
+/// the commits: the drain yields to each commit that falls due. Here the
+/// merge waits 10 s for shipments (none come), meanwhile all 60 000 orders
+/// are read, then it takes them in one go; the per-task gauges, published
+/// at each commit, must show the orders' timers arriving over several
+/// commits, not all at once after the drain.
+#[test]
+fn a_long_drain_commits_as_it_goes() {
+    const ORDERS: i32 = 60_000;
+    let topics = topics(1);
+    let mut arguments = service_args(&topics, &unique("joiner"));
+    arguments.extend(args(&["--max-task-idle", "10s"]));
+    let service = Service::start("order-shipment-joiner", &arguments);
+    service.wait_ready(Duration::from_secs(60));
+    let base = 1_692_000_000i64;
+    let orders: Vec<Value> = (0..ORDERS).map(|id| order(id, base + id as i64)).collect();
+    produce(&topics.orders, "orders", &orders);
+    service.wait_consumed(&topics.orders, ORDERS as usize, Duration::from_secs(60));
+    assert_eq!(
+        service.metric("streams_timers_pending{task=\"0\"}"),
+        0.0,
+        "the drain had begun before every order was read: the test proves nothing"
+    );
+
+    let mut seen = std::collections::BTreeSet::new();
+    let done = eventually(Duration::from_secs(120), || {
+        let pending = service.metric("streams_timers_pending{task=\"0\"}") as i32;
+        seen.insert(pending);
+        pending == ORDERS
+    });
+    assert!(done, "timers seen: {seen:?}; log:\n{}", service.log());
+    let partial: Vec<&i32> = seen.iter().filter(|&&n| 0 < n && n < ORDERS).collect();
+    assert!(
+        !partial.is_empty(),
+        "all {ORDERS} orders were taken in one commit (timers seen: {seen:?})"
+    );
+}

@@ -293,6 +293,11 @@ impl<P: Processor> Task<P> {
         self.buffers[slot].push_back(entry);
     }
 
+    /// Entries of input `slot` consumed and not yet handled.
+    pub fn buffered(&self, slot: usize) -> usize {
+        self.buffers[slot].len()
+    }
+
     /// The next entry to handle, if one may go now: the buffer head with the
     /// smallest event time once every input has something buffered, or once
     /// the task has waited `max_idle` for each empty one.

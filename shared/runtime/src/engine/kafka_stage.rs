@@ -60,6 +60,9 @@ pub(crate) struct KafkaStage<P: Processor> {
     pub owned: HashSet<(usize, i32)>,
     /// Tasks of which only some partitions are owned (paused).
     pub incomplete: BTreeSet<i32>,
+    /// Task input partitions paused because their task has
+    /// [`MAX_BUFFERED`] records of them waiting (see [`Self::apply_backpressure`]).
+    pub backpressured: HashSet<(usize, i32)>,
     /// An error raised inside a rebalance callback, surfaced by the loop.
     pub fatal: Option<anyhow::Error>,
     /// The sealed commit whose records are being acknowledged.
@@ -82,6 +85,22 @@ pub(crate) struct SealedCommit {
 /// Bytes of held outputs (exactly-once, a commit in flight) past which the
 /// thread stops processing and waits for the commit.
 const MAX_HELD_BYTES: usize = 64 << 20;
+
+/// Records of one task input consumed and waiting in the task (a merge
+/// waiting for its other input, or a drain that yielded to a commit) past
+/// which the input's partition is paused; it is resumed once half of them
+/// are handled. Without this bound an input that runs ahead of a slow one
+/// (a backlog beside a repartition topic, which delivers only as each
+/// upstream transaction commits) would be read into memory whole.
+///
+/// Kafka Streams pauses at 1 000 (`buffered.records.per.partition`), but
+/// librdkafka, unlike the Java consumer, drops what it has prefetched for a
+/// partition when it is paused and fetches it again on resume; one fetch
+/// brings up to 1 MiB per partition, ~20 000 small records. Measured at
+/// 10 000: sensor-fusion, whose two inputs arrive in such fetches, fell
+/// from ~420k to ~265k records/s. So the bound is far above a fetch and
+/// acts only on a real backlog (~50–90 MiB of decoded orders at most).
+const MAX_BUFFERED: usize = 100_000;
 
 /// How long a task waits for its store while another thread of the process
 /// still holds it: longer than a thread's commit and close take.
@@ -211,7 +230,63 @@ impl<P: Processor> KafkaStage<P> {
                 self.publish_metrics();
             }
         }
+        self.apply_backpressure(consumer)
+    }
+
+    /// Pauses each task input partition with [`MAX_BUFFERED`] records
+    /// waiting in its task, and resumes those paused here once half of
+    /// them are handled. (Partitions of incomplete tasks are paused for
+    /// another reason and never counted here: their tasks buffer nothing.)
+    fn apply_backpressure(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for &(subscription, partition) in &self.owned {
+            let buffered = self.engine.buffered(subscription, partition);
+            let paused = self.backpressured.contains(&(subscription, partition));
+            let list = if !paused && buffered >= MAX_BUFFERED {
+                &mut pause
+            } else if paused && buffered <= MAX_BUFFERED / 2 {
+                &mut resume
+            } else {
+                continue;
+            };
+            list.add_partition(&self.engine.subscriptions()[subscription].topic, partition);
+        }
+        if pause.count() > 0 {
+            consumer.pause(&pause)?;
+            self.backpressured.extend(self.partitions_of(&pause));
+        }
+        if resume.count() > 0 {
+            consumer.resume(&resume)?;
+            for key in self.partitions_of(&resume) {
+                self.backpressured.remove(&key);
+            }
+        }
         Ok(())
+    }
+
+    /// Resumes every partition paused by [`Self::apply_backpressure`]: their
+    /// buffered records are about to be dropped and read again.
+    fn release_backpressure(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let mut resume = TopicPartitionList::new();
+        for (subscription, partition) in self.backpressured.drain() {
+            resume.add_partition(&self.engine.subscriptions()[subscription].topic, partition);
+        }
+        if resume.count() > 0 {
+            consumer.resume(&resume)?;
+        }
+        Ok(())
+    }
+
+    /// The (subscription, partition) keys of `list`'s elements.
+    fn partitions_of(&self, list: &TopicPartitionList) -> Vec<(usize, i32)> {
+        list.elements()
+            .iter()
+            .filter_map(|element| {
+                let index = self.engine.subscription_index(element.topic())?;
+                Some((index, element.partition()))
+            })
+            .collect()
     }
 
     /// Whether the commit interval has passed, or this is the first commit
@@ -378,6 +453,7 @@ impl<P: Processor> KafkaStage<P> {
     /// consumer to the committed offsets.
     fn roll_back(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         self.engine.roll_back()?;
+        self.release_backpressure(consumer)?;
         let committed = self.committed_offsets(consumer)?;
         for element in committed.elements() {
             let offset = match element.offset() {
@@ -622,6 +698,9 @@ impl<P: Processor> KafkaStage<P> {
         // paused here (its task incomplete) and assigned back later would
         // never be fetched again. Resuming one that is not paused is a no-op.
         consumer.resume(partitions)?;
+        // The tasks that lose a partition close and drop their buffers; the
+        // others pause again at the next tick if they still need to.
+        self.release_backpressure(consumer)?;
         let mut touched = Vec::new();
         for element in partitions.elements() {
             let Some(index) = self.engine.subscription_index(element.topic()) else {
@@ -804,14 +883,16 @@ fn process_until_shutdown<P: Processor>(
     let mut last_poll_error = None::<Instant>;
     while !shutdown.load(Ordering::Relaxed) {
         // Wait briefly for the first record, then take what is already there;
-        // with a commit in flight, only as long as its acknowledgement takes.
-        let committing = {
+        // with a commit in flight, only as long as its acknowledgement takes;
+        // not at all while buffered records are ready to go.
+        let timeout = {
             let guard = consumer.context().stage.lock().unwrap();
-            guard
-                .as_ref()
-                .is_some_and(|stage| stage.in_flight.is_some())
+            match guard.as_ref() {
+                Some(stage) if stage.engine.has_backlog() => Duration::ZERO,
+                Some(stage) if stage.in_flight.is_some() => Duration::from_millis(1),
+                _ => Duration::from_millis(20),
+            }
         };
-        let timeout = Duration::from_millis(if committing { 1 } else { 20 });
         // The clock is read around the batch, not per record: `poll` is the
         // wait for its first record, `process` everything after it, the
         // non-blocking polls that take what is already fetched included.

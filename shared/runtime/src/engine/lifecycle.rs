@@ -22,6 +22,18 @@ impl<P: Processor> Engine<P> {
         self.tasks.contains_key(&partition)
     }
 
+    /// Records of `subscription`'s partition `partition` consumed into its
+    /// task and not yet handled (0 for a topic that feeds no task).
+    pub fn buffered(&self, subscription: usize, partition: i32) -> usize {
+        let slot = match self.subscriptions[subscription].route {
+            Route::Task { slot } | Route::Shuffled { slot } => slot,
+            Route::Rekey { .. } => return 0,
+        };
+        self.tasks
+            .get(&partition)
+            .map_or(0, |task| task.buffered(slot))
+    }
+
     /// Opens task `partition` over `store`, which holds its committed state.
     pub fn open_task(&mut self, partition: i32, store: TaskStore) -> anyhow::Result<()> {
         let task = Task::open(

@@ -126,6 +126,11 @@ pub(crate) type Flush<'a> = &'a mut dyn FnMut(&mut Collector);
 /// all reach the producer only at the end, the first ones ~0.2 s late.
 const FLUSH_EVERY: usize = 256;
 
+/// Whether `interval` has passed on `clock` since `since`.
+fn interval_passed(clock: &Clock, since: Instant, interval: Duration) -> bool {
+    clock.now().instant.saturating_duration_since(since) >= interval
+}
+
 /// Event-time progress of one source partition of a repartitioning.
 #[derive(Debug, Default)]
 struct UpstreamClock {
@@ -195,6 +200,10 @@ pub(crate) struct Engine<P: Processor> {
     sealed_progress: (u64, u64),
     shutdown: Arc<AtomicBool>,
     jobs: JobPool,
+    /// Whether a drain stops once a commit is due (see [`Engine::yield_to_commits`]).
+    yields_to_commits: bool,
+    /// Whether a drain stopped with entries ready to go; cleared by [`Engine::tick`].
+    backlog: bool,
 }
 
 /// The parts an engine is built from.
@@ -241,7 +250,24 @@ impl<P: Processor> Engine<P> {
             last_commit,
             sealed_progress: (0, 0),
             shutdown: parts.shutdown,
+            yields_to_commits: false,
+            backlog: false,
         }
+    }
+
+    /// Makes every drain stop, leaving the rest buffered, once the commit
+    /// interval has passed: the caller's loop then commits on time however
+    /// much a merge releases at once, and a commit in flight is finished
+    /// instead of waiting behind the drain. (The test driver, whose clock
+    /// does not move inside a drain, drains to the end.)
+    pub fn yield_to_commits(&mut self) {
+        self.yields_to_commits = true;
+    }
+
+    /// Whether the last drains stopped for a commit with entries still ready:
+    /// the caller should not wait for new records before draining again.
+    pub fn has_backlog(&self) -> bool {
+        self.backlog
     }
 
     /// The topics this stage consumes.
@@ -379,9 +405,11 @@ impl<P: Processor> Engine<P> {
         let mut handled = 0usize;
         while let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now.instant) {
             handled += 1;
-            if handled.is_multiple_of(FLUSH_EVERY) {
+            let last_before_commit = handled.is_multiple_of(FLUSH_EVERY) && {
                 flush(env.collector);
-            }
+                self.yields_to_commits
+                    && interval_passed(&self.clock, self.last_commit, self.settings.commit_interval)
+            };
             let origin = entry.origin();
             match entry {
                 Pending::Record {
@@ -420,6 +448,10 @@ impl<P: Processor> Engine<P> {
             }
             self.positions
                 .insert((origin.topic_index, partition), origin.offset + 1);
+            if last_before_commit {
+                self.backlog = true;
+                break;
+            }
         }
         task.complete_jobs(&mut env, false)
     }
@@ -494,6 +526,7 @@ impl<P: Processor> Engine<P> {
     /// Lets waiting inputs go, idle partitions move watermarks and wall-clock
     /// timers fire; `flush` as in [`Engine::handle`].
     pub fn tick(&mut self, flush: Flush<'_>) -> anyhow::Result<()> {
+        self.backlog = false;
         let partitions: Vec<i32> = self.tasks.keys().copied().collect();
         for partition in partitions {
             self.drain(partition, flush)?;
@@ -541,11 +574,7 @@ impl<P: Processor> Engine<P> {
 
     /// Whether the commit interval has passed since the last commit ended.
     pub fn commit_due(&self) -> bool {
-        self.clock
-            .now()
-            .instant
-            .saturating_duration_since(self.last_commit)
-            >= self.settings.commit_interval
+        interval_passed(&self.clock, self.last_commit, self.settings.commit_interval)
     }
 
     /// Records consumed so far, over all subscriptions.
