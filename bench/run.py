@@ -31,6 +31,8 @@ Environment:
   BENCH_LATENCY      0 to skip the latency phase
   BENCH_LATENCY_GUARANTEES  default "exactly_once_v2 at_least_once"
   BENCH_LATENCY_SECONDS     measured seconds per latency run (default 10, after 3 s warm-up)
+  BENCH_LATENCY_RATE        a fixed input rate (records/s) for the latency runs instead of
+                            half the slower system's median (to compare builds at one rate)
   BIN_DIR            release binaries (default $CARGO_TARGET_DIR/release)
   KS_JAVA_OPTS       JVM flags of the peer (default "-Xms256m -Xmx1g")
   BENCH_PIN          a CPU list (e.g. "1"): every system under test runs under
@@ -62,6 +64,7 @@ SYSTEMS = os.environ.get("BENCH_SYSTEMS", "ours kafka-streams rawcopy").split()
 LATENCY = os.environ.get("BENCH_LATENCY", "1") != "0"
 LATENCY_GUARANTEES = os.environ.get("BENCH_LATENCY_GUARANTEES", "exactly_once_v2 at_least_once").split()
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
+LATENCY_RATE = int(os.environ.get("BENCH_LATENCY_RATE", "0"))
 WARMUP_SECONDS = 3.0
 DRAIN_SECONDS = 2.0
 JAVA_OPTS = os.environ.get("KS_JAVA_OPTS", "-Xms256m -Xmx1g").split()
@@ -348,7 +351,7 @@ def main():
                        if n in summary[use_case] and summary[use_case][n]["records_per_s"]]
             if not medians:
                 continue
-            rate = round(0.5 * min(medians))
+            rate = LATENCY_RATE or round(0.5 * min(medians))
             for guarantee in LATENCY_GUARANTEES:
                 for name in SYSTEMS:
                     results["latency"].append(attempts(

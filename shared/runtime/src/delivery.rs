@@ -143,9 +143,13 @@ impl Delivery {
         config
             .set("partitioner", "murmur2_random")
             .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
-            .set("compression.type", "lz4")
             .set("queue.buffering.max.messages", "1000000");
+        // Defaults a `--kafka` setting overrides.
+        for (key, value) in [("linger.ms", "5"), ("compression.type", "lz4")] {
+            if config.get(key).is_none() {
+                config.set(key, value);
+            }
+        }
         if let Some(id) = transactional_id {
             config.set("transactional.id", id);
             // Short, so that the open transaction of an instance that never
