@@ -349,7 +349,7 @@ def main():
         for use_case in use_cases:
             medians = [summary[use_case][n]["records_per_s"]["median"] for n in ("ours", "kafka-streams")
                        if n in summary[use_case] and summary[use_case][n]["records_per_s"]]
-            if not medians:
+            if not (medians or LATENCY_RATE):
                 continue
             rate = LATENCY_RATE or round(0.5 * min(medians))
             for guarantee in LATENCY_GUARANTEES:

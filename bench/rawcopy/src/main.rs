@@ -6,7 +6,7 @@
 //! output topic per input. Same client settings as the services: the
 //! consumer of `shared/runtime` (read_committed, range assignment, manual
 //! commits) and its producer (`streams_runtime::delivery::Delivery`:
-//! idempotent, lz4, linger 5 ms, murmur2 partitioning); under
+//! idempotent, lz4, linger 5 ms (1 ms at-least-once), murmur2 partitioning); under
 //! `exactly_once_v2` outputs and input offsets commit in one transaction every
 //! `--commit-interval` (100 ms), under `at_least_once` outputs are flushed,
 //! then offsets committed synchronously. No state, no timers, no watermarks:
