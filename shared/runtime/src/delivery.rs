@@ -136,6 +136,35 @@ pub struct Outgoing<'a> {
     pub tag: usize,
 }
 
+/// How long one `init_transactions` call may wait before it is asked again.
+const INIT_TRANSACTIONS_ATTEMPT: Duration = Duration::from_millis(50);
+
+/// `init_transactions`, asked again every [`INIT_TRANSACTIONS_ATTEMPT`]
+/// until `timeout`. librdkafka asks for a producer id as soon as the
+/// producer exists; when its connection to the transaction coordinator is
+/// not up yet at that moment, it tries again only 500 ms later, and a new
+/// process then started ~0.5 s late about every other time (measured:
+/// 504 ms instead of 54). Each call of `init_transactions` asks at once,
+/// and a timed-out one may be repeated (librdkafka's documented contract).
+fn init_transactions_promptly(
+    producer: &BaseProducer<DeliveryReports>,
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match producer.init_transactions(INIT_TRANSACTIONS_ATTEMPT.min(left)) {
+            Err(error)
+                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut)
+                    && Instant::now() < deadline =>
+            {
+                continue
+            }
+            result => return result,
+        }
+    }
+}
+
 impl Delivery {
     /// A producer; transactional (and initialised, fencing any previous
     /// incarnation) when `transactional_id` is set.
@@ -191,8 +220,7 @@ impl Delivery {
             .create_with_context(DeliveryReports::default())
             .map_err(|e| anyhow::anyhow!("cannot create the Kafka producer: {e}"))?;
         if transactional {
-            producer
-                .init_transactions(timeout)
+            init_transactions_promptly(&producer, timeout)
                 .map_err(|e| anyhow::anyhow!("cannot initialise Kafka transactions: {e}"))?;
         }
         Ok(producer)
