@@ -179,6 +179,22 @@ fn two_instances_over_three_partitions_keep_each_task_together() {
     );
 }
 
+/// Event time of the first order of [`orders_alone`].
+const BASE: i64 = 1_692_000_000;
+
+/// A joiner whose merge waits `max_task_idle` for shipments, and `count`
+/// orders (ids 0.., one second apart from [`BASE`]) produced to it alone.
+fn orders_alone(count: i32, max_task_idle: &str) -> (Topics, Service) {
+    let topics = topics(1);
+    let mut arguments = service_args(&topics, &unique("joiner"));
+    arguments.extend(args(&["--max-task-idle", max_task_idle]));
+    let service = Service::start("order-shipment-joiner", &arguments);
+    service.wait_ready(Duration::from_secs(60));
+    let orders: Vec<Value> = (0..count).map(|id| order(id, BASE + id as i64)).collect();
+    produce(&topics.orders, "orders", &orders);
+    (topics, service)
+}
+
 /// An input that runs ahead of the other is not read into memory whole: with
 /// the merge waiting for shipments (none yet), the service stops fetching
 /// orders once its task holds 100 000 of them (`MAX_BUFFERED` in the
@@ -187,14 +203,7 @@ fn two_instances_over_three_partitions_keep_each_task_together() {
 fn an_input_running_ahead_is_paused_and_nothing_is_lost() {
     const ORDERS: i32 = 150_000;
     const BOUND: f64 = 100_000.0 + 1_000.0; // the bound plus one polled batch
-    let topics = topics(1);
-    let mut arguments = service_args(&topics, &unique("joiner"));
-    arguments.extend(args(&["--max-task-idle", "20s"]));
-    let service = Service::start("order-shipment-joiner", &arguments);
-    service.wait_ready(Duration::from_secs(60));
-    let base = 1_692_000_000i64;
-    let orders: Vec<Value> = (0..ORDERS).map(|id| order(id, base + id as i64)).collect();
-    produce(&topics.orders, "orders", &orders);
+    let (topics, service) = orders_alone(ORDERS, "20s");
 
     let consumed = format!(
         "streams_records_consumed_total{{topic=\"{}\"}}",
@@ -218,7 +227,7 @@ fn an_input_running_ahead_is_paused_and_nothing_is_lost() {
     );
 
     let shipments: Vec<Value> = (0..ORDERS)
-        .map(|id| shipment(&format!("ship-{id}"), id, base + id as i64 + 3_600))
+        .map(|id| shipment(&format!("ship-{id}"), id, BASE + id as i64 + 3_600))
         .collect();
     produce(&topics.shipments, "shipments", &shipments);
     let output = wait_for_records(&topics.output, ORDERS as usize, Duration::from_secs(120));
@@ -235,14 +244,7 @@ fn an_input_running_ahead_is_paused_and_nothing_is_lost() {
 #[test]
 fn a_long_drain_commits_as_it_goes() {
     const ORDERS: i32 = 60_000;
-    let topics = topics(1);
-    let mut arguments = service_args(&topics, &unique("joiner"));
-    arguments.extend(args(&["--max-task-idle", "10s"]));
-    let service = Service::start("order-shipment-joiner", &arguments);
-    service.wait_ready(Duration::from_secs(60));
-    let base = 1_692_000_000i64;
-    let orders: Vec<Value> = (0..ORDERS).map(|id| order(id, base + id as i64)).collect();
-    produce(&topics.orders, "orders", &orders);
+    let (topics, service) = orders_alone(ORDERS, "10s");
     service.wait_consumed(&topics.orders, ORDERS as usize, Duration::from_secs(60));
     assert_eq!(
         service.metric("streams_timers_pending{task=\"0\"}"),

@@ -144,21 +144,30 @@ const INIT_TRANSACTIONS_ATTEMPT: Duration = Duration::from_millis(50);
 /// producer exists; when its connection to the transaction coordinator is
 /// not up yet at that moment, it tries again only 500 ms later, and a new
 /// process then started ~0.5 s late about every other time (measured:
-/// 504 ms instead of 54). Each call of `init_transactions` asks at once,
-/// and a timed-out one may be repeated (librdkafka's documented contract).
+/// 504 ms instead of 54). Each call of `init_transactions` asks at once.
+/// A call that times out, or fails with a retriable error (the coordinator
+/// moving or still loading, as after a broker restart), may be repeated:
+/// librdkafka's documented contract, and what one long call would have
+/// done inside.
 fn init_transactions_promptly(
     producer: &BaseProducer<DeliveryReports>,
     timeout: Duration,
 ) -> Result<(), KafkaError> {
     let deadline = Instant::now() + timeout;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt_started = Instant::now();
+        let left = deadline.saturating_duration_since(attempt_started);
         match producer.init_transactions(INIT_TRANSACTIONS_ATTEMPT.min(left)) {
-            Err(error)
-                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut)
+            Err(KafkaError::Transaction(error))
+                if (error.is_retriable()
+                    || error.code() == RDKafkaErrorCode::OperationTimedOut)
                     && Instant::now() < deadline =>
             {
-                continue
+                // A failure reported at once is asked again after a pause,
+                // not in a tight loop.
+                std::thread::sleep(
+                    INIT_TRANSACTIONS_ATTEMPT.saturating_sub(attempt_started.elapsed()),
+                );
             }
             result => return result,
         }
