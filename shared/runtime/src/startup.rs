@@ -779,9 +779,11 @@ fn group_consumer_config(
 /// `MAX_BUFFERED` in `engine/kafka_stage.rs`) is fetched only by the next
 /// fetch request to its broker, and the one in flight may be parked there
 /// for that long when the other partitions have nothing new (the joiner's
-/// repartition topic between two upstream commits). At librdkafka's 500 ms
-/// the joiner lost ~15 % of its records/s to such waits; at 20 ms none (an
-/// idle consumer then sends ~50 fetch requests a second per broker).
+/// repartition topic between two upstream commits). With pauses at 10 000
+/// records the joiner lost ~15 % of its records/s to such waits at
+/// librdkafka's 500 ms and none at 20 ms; at the bound kept (100 000) the
+/// difference was within the noise (BENCHMARKS.md). An idle consumer then
+/// sends ~50 fetch requests a second per broker.
 pub(crate) fn prefetch_eagerly(config: &mut ClientConfig) {
     if config.get("fetch.queue.backoff.ms").is_none() {
         config.set("fetch.queue.backoff.ms", "5");

@@ -238,27 +238,24 @@ impl<P: Processor> KafkaStage<P> {
     /// them are handled. (Partitions of incomplete tasks are paused for
     /// another reason and never counted here: their tasks buffer nothing.)
     fn apply_backpressure(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
-        let mut pause = TopicPartitionList::new();
-        let mut resume = TopicPartitionList::new();
-        for &(subscription, partition) in &self.owned {
+        let mut pause = Vec::new();
+        let mut resume = Vec::new();
+        for &key @ (subscription, partition) in &self.owned {
             let buffered = self.engine.buffered(subscription, partition);
-            let paused = self.backpressured.contains(&(subscription, partition));
-            let list = if !paused && buffered >= MAX_BUFFERED {
-                &mut pause
+            let paused = self.backpressured.contains(&key);
+            if !paused && buffered >= MAX_BUFFERED {
+                pause.push(key);
             } else if paused && buffered <= MAX_BUFFERED / 2 {
-                &mut resume
-            } else {
-                continue;
-            };
-            list.add_partition(&self.engine.subscriptions()[subscription].topic, partition);
+                resume.push(key);
+            }
         }
-        if pause.count() > 0 {
-            consumer.pause(&pause)?;
-            self.backpressured.extend(self.partitions_of(&pause));
+        if !pause.is_empty() {
+            consumer.pause(&self.partition_list(&pause))?;
+            self.backpressured.extend(pause);
         }
-        if resume.count() > 0 {
-            consumer.resume(&resume)?;
-            for key in self.partitions_of(&resume) {
+        if !resume.is_empty() {
+            consumer.resume(&self.partition_list(&resume))?;
+            for key in resume {
                 self.backpressured.remove(&key);
             }
         }
@@ -268,25 +265,20 @@ impl<P: Processor> KafkaStage<P> {
     /// Resumes every partition paused by [`Self::apply_backpressure`]: their
     /// buffered records are about to be dropped and read again.
     fn release_backpressure(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
-        let mut resume = TopicPartitionList::new();
-        for (subscription, partition) in self.backpressured.drain() {
-            resume.add_partition(&self.engine.subscriptions()[subscription].topic, partition);
-        }
-        if resume.count() > 0 {
-            consumer.resume(&resume)?;
+        let paused: Vec<(usize, i32)> = self.backpressured.drain().collect();
+        if !paused.is_empty() {
+            consumer.resume(&self.partition_list(&paused))?;
         }
         Ok(())
     }
 
-    /// The (subscription, partition) keys of `list`'s elements.
-    fn partitions_of(&self, list: &TopicPartitionList) -> Vec<(usize, i32)> {
-        list.elements()
-            .iter()
-            .filter_map(|element| {
-                let index = self.engine.subscription_index(element.topic())?;
-                Some((index, element.partition()))
-            })
-            .collect()
+    /// The topic partitions of (subscription, partition) `keys`.
+    fn partition_list(&self, keys: &[(usize, i32)]) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        for &(subscription, partition) in keys {
+            list.add_partition(&self.engine.subscriptions()[subscription].topic, partition);
+        }
+        list
     }
 
     /// Whether the commit interval has passed, or this is the first commit
