@@ -178,7 +178,11 @@ impl<P: Processor> KafkaStage<P> {
         let Some(subscription) = self.engine.subscription_index(message.topic()) else {
             return Ok(());
         };
-        let announcement = message.headers().and_then(Announcement::from_headers);
+        let announcement = if self.engine.carries_stamps(subscription) {
+            message.headers().and_then(Announcement::from_headers)
+        } else {
+            None
+        };
         let hold = self.holds_output();
         let delivery = &mut self.delivery;
         self.engine.handle(

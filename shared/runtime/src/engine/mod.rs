@@ -280,6 +280,18 @@ impl<P: Processor> Engine<P> {
         self.subscriptions.iter().position(|s| s.topic == topic)
     }
 
+    /// Whether records of `subscription` may carry watermark stamps: only a
+    /// repartition topic or stage link does, written by this application.
+    /// A stamp on a topic read directly is not ours and is not looked for
+    /// (librdkafka parses a record's headers on every request, even when it
+    /// has none: ~5 % of a stateless-heavy stage's thread, measured).
+    pub fn carries_stamps(&self, subscription: usize) -> bool {
+        matches!(
+            self.subscriptions[subscription].route,
+            Route::Shuffled { .. }
+        )
+    }
+
     /// The open tasks, by partition, to change.
     pub(crate) fn tasks_mut(&mut self) -> &mut BTreeMap<i32, Task<P>> {
         &mut self.tasks
@@ -344,7 +356,9 @@ impl<P: Processor> Engine<P> {
                             event_time,
                             origin,
                             raw,
-                            stamp: message.announcement,
+                            stamp: message
+                                .announcement
+                                .filter(|_| self.carries_stamps(subscription)),
                         },
                     )
                 }
