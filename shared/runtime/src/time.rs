@@ -6,7 +6,8 @@
 //! it at minus infinity) and never goes backwards. A repartitioned input's
 //! watermark is the minimum of what every upstream task has announced.
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -308,20 +309,34 @@ impl TimerEntry {
 /// The pending timers of one task, in time order, with one timer per key and
 /// name. Persisted through the task's timer store by the caller (or derived
 /// from state); this is the in-memory index that makes "next due timer" a
-/// constant-time lookup.
+/// cheap lookup.
 ///
-/// A key is stored once, shared by both indexes, and names are the
-/// processor's static names: moving an existing timer allocates nothing,
-/// and a million pending timers cost about a hundred bytes each.
+/// The index by key is the truth. The heap by time may also hold entries a
+/// timer has since left (moved or removed): moving a timer pushes its new
+/// time and leaves the old entry behind, to be skipped when it comes up,
+/// instead of searching a sorted set for it. Most timers move on every
+/// record of their key (a session's inactivity deadline), so this halves
+/// the ordered work of a move, and pushing a later time onto a min-heap
+/// rarely climbs. The heap is rebuilt from the index once left-behind
+/// entries outnumber live ones, so it stays within about twice the timers.
+///
+/// A key is stored once, shared by the index and the heap's entries, and
+/// names are the processor's static names: moving an existing timer
+/// allocates nothing.
 #[derive(Debug, Default)]
 pub struct TimerQueue {
-    by_time: BTreeSet<TimerEntry>,
+    by_time: BinaryHeap<Reverse<TimerEntry>>,
     by_key: FxHashMap<Arc<str>, NamedTimes>,
+    /// Timers in `by_key`; `by_time` holds these and left-behind entries.
+    live: usize,
 }
 
 /// One key's timers, by name, with their times: most keys have one, kept
 /// inline.
 type NamedTimes = SmallVec<[(&'static str, i64); 1]>;
+
+/// Left-behind heap entries tolerated beyond the live ones before a rebuild.
+const COMPACT_SLACK: usize = 1024;
 
 impl TimerQueue {
     /// The time of the timer `name` of `key`, if one is set.
@@ -344,66 +359,96 @@ impl TimerQueue {
             Some((_, at)) => Some(std::mem::replace(at, time)),
             None => {
                 named.push((name, time));
+                self.live += 1;
                 None
             }
         };
-        if let Some(previous) = previous {
-            self.by_time.remove(&TimerEntry {
-                time: previous,
-                key: shared.clone(),
+        if previous != Some(time) {
+            self.push(TimerEntry {
+                time,
+                key: shared,
                 name,
             });
         }
-        self.by_time.insert(TimerEntry {
-            time,
-            key: shared,
-            name,
-        });
         previous
     }
 
-    /// Removes timer `name` of `key`; returns its time.
+    /// Removes timer `name` of `key`; returns its time. Its heap entry is
+    /// left behind.
     pub fn remove(&mut self, key: &str, name: &str) -> Option<i64> {
-        let (shared, named) = self.by_key.get_key_value(key)?;
-        let position = named.iter().position(|(n, _)| *n == name)?;
-        let shared = shared.clone();
         let named = self.by_key.get_mut(key)?;
-        let (name, time) = named.swap_remove(position);
+        let position = named.iter().position(|(n, _)| *n == name)?;
+        let (_, time) = named.swap_remove(position);
         if named.is_empty() {
             self.by_key.remove(key);
         }
-        self.by_time.remove(&TimerEntry {
-            time,
-            key: shared,
-            name,
-        });
+        self.live -= 1;
         Some(time)
     }
 
     /// Removes and returns the earliest timer due at `now` (time <= now): a
     /// watermark for event-time timers, epoch milliseconds for wall-clock ones.
     pub fn pop_due(&mut self, now: i64) -> Option<TimerEntry> {
-        if self.by_time.first()?.time > now {
-            return None;
-        }
-        let entry = self.by_time.pop_first()?;
-        if let Some(named) = self.by_key.get_mut(&*entry.key) {
-            named.retain(|(n, _)| *n != entry.name);
-            if named.is_empty() {
-                self.by_key.remove(&*entry.key);
+        while self.by_time.peek()?.0.time <= now {
+            let Reverse(entry) = self.by_time.pop()?;
+            if self.take_if_live(&entry) {
+                return Some(entry);
             }
         }
-        Some(entry)
+        None
     }
 
     /// Number of pending timers.
     pub fn len(&self) -> usize {
-        self.by_time.len()
+        self.live
     }
 
     /// Whether no timer is pending.
     pub fn is_empty(&self) -> bool {
-        self.by_time.is_empty()
+        self.live == 0
+    }
+
+    /// Removes `entry` from the index if it is a live timer, not one left
+    /// behind by a move or a removal.
+    fn take_if_live(&mut self, entry: &TimerEntry) -> bool {
+        let Some(named) = self.by_key.get_mut(&*entry.key) else {
+            return false;
+        };
+        let Some(position) = named
+            .iter()
+            .position(|&(name, time)| name == entry.name && time == entry.time)
+        else {
+            return false;
+        };
+        named.swap_remove(position);
+        if named.is_empty() {
+            self.by_key.remove(&*entry.key);
+        }
+        self.live -= 1;
+        true
+    }
+
+    fn push(&mut self, entry: TimerEntry) {
+        if self.by_time.len() >= 2 * self.live + COMPACT_SLACK {
+            self.rebuild();
+        }
+        self.by_time.push(Reverse(entry));
+    }
+
+    /// Rebuilds the heap from the index, dropping left-behind entries.
+    fn rebuild(&mut self) {
+        let mut entries = std::mem::take(&mut self.by_time).into_vec();
+        entries.clear();
+        entries.extend(self.by_key.iter().flat_map(|(key, named)| {
+            named.iter().map(|&(name, time)| {
+                Reverse(TimerEntry {
+                    time,
+                    key: key.clone(),
+                    name,
+                })
+            })
+        }));
+        self.by_time = BinaryHeap::from(entries);
     }
 }
 
@@ -555,6 +600,71 @@ mod tests {
         assert_eq!((&*due.key, due.name, due.time), ("k", "a", 3));
         assert_eq!(timers.get("k", "a"), None);
         assert!(timers.is_empty());
+    }
+
+    #[test]
+    fn a_timer_moved_away_and_back_or_removed_and_set_again_fires_once() {
+        let mut timers = TimerQueue::default();
+        timers.set("k", "a", 10);
+        timers.set("k", "a", 20);
+        timers.set("k", "a", 10);
+        timers.set("j", "a", 5);
+        timers.remove("j", "a");
+        timers.set("j", "a", 5);
+        assert_eq!(timers.len(), 2);
+        let fired: Vec<(String, i64)> = std::iter::from_fn(|| timers.pop_due(100))
+            .map(|entry| (entry.key.to_string(), entry.time))
+            .collect();
+        assert_eq!(fired, [("j".to_string(), 5), ("k".to_string(), 10)]);
+        assert!(timers.is_empty());
+    }
+
+    /// Random sets, removals and pops against a plain sorted set: the same
+    /// timers fire in the same order, through many heap rebuilds.
+    #[test]
+    fn the_queue_matches_a_sorted_set_under_random_moves() {
+        let mut queue = TimerQueue::default();
+        let mut model = std::collections::BTreeMap::<(String, &'static str), i64>::new();
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |bound: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % bound
+        };
+        let mut now = 0;
+        for _ in 0..50_000 {
+            let key = format!("k{}", next(300));
+            let name = ["a", "b"][next(2) as usize];
+            match next(10) {
+                0 => {
+                    let expected = model.remove(&(key.clone(), name));
+                    assert_eq!(queue.remove(&key, name), expected);
+                }
+                1 => {
+                    now += next(20) as i64;
+                    let mut due: Vec<(i64, String, &str)> = model
+                        .iter()
+                        .filter(|(_, time)| **time <= now)
+                        .map(|((key, name), time)| (*time, key.clone(), *name))
+                        .collect();
+                    due.sort();
+                    for (time, key, name) in due {
+                        let entry = queue.pop_due(now).expect("a due timer");
+                        assert_eq!((entry.time, &*entry.key, entry.name), (time, &*key, name));
+                        model.remove(&(key, name));
+                    }
+                    assert!(queue.pop_due(now).is_none());
+                }
+                _ => {
+                    let time = now + next(500) as i64;
+                    let expected = model.insert((key.clone(), name), time);
+                    assert_eq!(queue.set(&key, name, time), expected);
+                }
+            }
+            assert_eq!(queue.len(), model.len());
+            assert!(queue.by_time.len() <= 2 * queue.len() + COMPACT_SLACK + 1);
+        }
     }
 
     #[test]
