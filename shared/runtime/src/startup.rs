@@ -656,7 +656,7 @@ impl<P: Processor> StagePlan<P> {
             backpressured: Default::default(),
             fatal: None,
             in_flight: None,
-            commit_once_consumed: None,
+            commit_once_handled: None,
         };
         let group_instance_id = args.instance_id.as_deref().map(|id| thread.member_id(id));
         let context = StageContext {

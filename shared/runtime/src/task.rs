@@ -298,6 +298,11 @@ impl<P: Processor> Task<P> {
         self.buffers[slot].len()
     }
 
+    /// Entries of every input consumed and not yet handled.
+    pub fn buffered_total(&self) -> usize {
+        self.buffers.iter().map(|buffer| buffer.len()).sum()
+    }
+
     /// The next entry to handle, if one may go now: the buffer head with the
     /// smallest event time once every input has something buffered, or once
     /// the task has waited `max_idle` for each empty one.

@@ -67,12 +67,15 @@ pub(crate) struct KafkaStage<P: Processor> {
     pub fatal: Option<anyhow::Error>,
     /// The sealed commit whose records are being acknowledged.
     pub in_flight: Option<SealedCommit>,
-    /// After an assignment: the count of consumed records past which the
+    /// After an assignment: the count of handled records past which the
     /// first commit is due at once, not a commit interval later. A new or
     /// restarted instance shows progress (and, exactly-once, its first
     /// outputs) as soon as it has processed something, instead of having
     /// spent its first interval on an empty commit before records arrived.
-    pub commit_once_consumed: Option<u64>,
+    /// Handled, not consumed: records a merge holds while it waits for the
+    /// task's other input would make it a commit of nothing (sensor-fusion's
+    /// first temperatures come ~100 ms before its first humidities).
+    pub commit_once_handled: Option<u64>,
 }
 
 /// A commit sealed and sent, to finish once its records are acknowledged.
@@ -291,8 +294,8 @@ impl<P: Processor> KafkaStage<P> {
     /// for them, which the interval's commit does only once per interval).
     fn commit_due(&self) -> bool {
         self.engine.commit_due()
-            || self.commit_once_consumed.is_some_and(|consumed| {
-                self.engine.consumed_records() > consumed && !self.engine.has_jobs()
+            || self.commit_once_handled.is_some_and(|handled| {
+                self.engine.handled_records() > handled && !self.engine.has_jobs()
             })
     }
 
@@ -318,7 +321,7 @@ impl<P: Processor> KafkaStage<P> {
     /// announcements go out; the commit finishes later.
     fn seal_commit(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let sealed_at = Instant::now();
-        self.commit_once_consumed = None;
+        self.commit_once_handled = None;
         let positions = self.engine.prepare_commit()?;
         self.send_collected();
         let generation = self.delivery.seal();
@@ -514,7 +517,7 @@ impl<P: Processor> KafkaStage<P> {
         }
         self.publish_metrics();
         self.metrics.set_ready(true);
-        self.commit_once_consumed = Some(self.engine.consumed_records());
+        self.commit_once_handled = Some(self.engine.handled_records());
         Ok(())
     }
 

@@ -34,6 +34,13 @@ impl<P: Processor> Engine<P> {
             .map_or(0, |task| task.buffered(slot))
     }
 
+    /// Records consumed and no longer waiting in a task's buffer: processed,
+    /// or set aside (late, dead-lettered, re-keyed, skipped).
+    pub fn handled_records(&self) -> u64 {
+        let waiting: usize = self.tasks.values().map(Task::buffered_total).sum();
+        self.consumed_records().saturating_sub(waiting as u64)
+    }
+
     /// Opens task `partition` over `store`, which holds its committed state.
     pub fn open_task(&mut self, partition: i32, store: TaskStore) -> anyhow::Result<()> {
         let task = Task::open(
