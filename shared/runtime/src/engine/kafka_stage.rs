@@ -26,9 +26,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::{Engine, Incoming};
@@ -119,6 +122,47 @@ pub(crate) type GroupConsumer<P> = BaseConsumer<StageContext<P>>;
 impl<P: Processor> ClientContext for StageContext<P> {}
 
 impl<P: Processor> ConsumerContext for StageContext<P> {
+    /// rdkafka's own sequence (before, (un)assign, after), except that an
+    /// assignment names where each partition starts: its committed offset,
+    /// or the beginning where none is committed. Left to librdkafka, a
+    /// partition without a committed offset is reset to the beginning only
+    /// after a fixed 100 ms backoff (`rd_kafka_offset_reset`,
+    /// rdkafka_offset.c): a tenth of a second on every fresh start.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        let assigning = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        let revoking = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS;
+        if assigning {
+            start_at_committed(consumer, partitions);
+        }
+        let rebalance = if assigning {
+            Rebalance::Assign(partitions)
+        } else if revoking {
+            Rebalance::Revoke(partitions)
+        } else {
+            Rebalance::Error(KafkaError::Rebalance(err.into()))
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let applied = match (&rebalance, cooperative) {
+            (Rebalance::Assign(list), true) => consumer.incremental_assign(list),
+            (Rebalance::Assign(list), false) => consumer.assign(list),
+            (_, true) => consumer.incremental_unassign(partitions),
+            (_, false) => consumer.unassign(),
+        };
+        if let Err(error) = applied {
+            tracing::warn!(%error, "applying a rebalance failed");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
             let mut guard = self.stage.lock().unwrap();
@@ -776,6 +820,31 @@ fn committed_reach<P: Processor>(
     } else {
         Some(ChangelogReach::nothing(stores))
     })
+}
+
+/// Sets each of `partitions` to start at its committed offset, or at the
+/// beginning (`auto.offset.reset` is always `earliest`) where none is
+/// committed. Should the committed offsets not come, the list is left as it
+/// is and librdkafka looks them up itself.
+fn start_at_committed<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: &mut TopicPartitionList,
+) {
+    let committed = match consumer.committed_offsets(partitions.clone(), Duration::from_secs(30)) {
+        Ok(committed) => committed,
+        Err(error) => {
+            tracing::warn!(%error, "reading the committed offsets of an assignment");
+            return;
+        }
+    };
+    for element in committed.elements() {
+        let start = match element.offset() {
+            Offset::Offset(offset) => Offset::Offset(offset),
+            _ => Offset::Beginning,
+        };
+        // The partition is in the list: it was copied from it.
+        let _ = partitions.set_partition_offset(element.topic(), element.partition(), start);
+    }
 }
 
 /// The group's committed offsets of `topics` at `partition`.
