@@ -749,6 +749,17 @@ fn group_consumer_config(
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "false");
     prefetch_eagerly(&mut config);
+    // One fetch request is in flight per broker, and its response is decoded
+    // and queued partition after partition: with librdkafka's 1 MiB per
+    // partition a two-input task gets ~50 000 records of one input before
+    // the first of the other (~60 ms at startup), and the prefetch holds
+    // more. Measured at 256 KiB: sensor-fusion's peak RSS 160 -> 107 MiB,
+    // the sessionizer's 122 -> 112, records/s unchanged within the noise.
+    // (A broker still returns a whole record batch larger than this; the
+    // changelog readers, which read in bulk, keep 1 MiB.)
+    if config.get("max.partition.fetch.bytes").is_none() {
+        config.set("max.partition.fetch.bytes", "262144");
+    }
     match env.args.group_protocol {
         // Range hands out equal-numbered partitions of co-partitioned topics
         // together: the co-location every task needs.
