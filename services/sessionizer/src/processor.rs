@@ -67,6 +67,8 @@ impl Sessionizer {
         session.latest.saturating_add(self.timeout)
     }
 
+    /// Emits `user`'s ended `session`, which the caller has taken out of
+    /// state, and clears its timer.
     fn end(
         ctx: &mut Context<'_, Self>,
         user: &str,
@@ -74,7 +76,6 @@ impl Sessionizer {
         status: &'static str,
         end: i64,
     ) -> anyhow::Result<()> {
-        ctx.delete(&SESSIONS, user);
         ctx.clear_timer(user, SessionTimer::Inactivity);
         let summary = UserSession {
             user_id: user.to_string(),
@@ -100,27 +101,32 @@ impl Processor for Sessionizer {
         ctx: &mut Context<'_, Self>,
         record: Record<'_, UserEvent>,
     ) -> anyhow::Result<()> {
-        let event = record.value;
+        let UserEvent {
+            user_id,
+            event_type,
+            ..
+        } = record.value;
         let time = record.event_time;
-        let mut session = ctx.get(&SESSIONS, &event.user_id)?.unwrap_or(Session {
-            start: time,
-            latest: time,
-            events: Vec::new(),
-        });
-        session.start = session.start.min(time);
-        session.latest = session.latest.max(time);
-        let is_logout = event.event_type == "LOGOUT";
-        session.events.push(event.event_type);
-        if is_logout {
+        // The session is changed in place; a logout takes it out.
+        let (completed, deadline) = ctx.update(&SESSIONS, &user_id, |slot| {
+            let session = slot.get_or_insert_with(|| Session {
+                start: time,
+                latest: time,
+                events: Vec::new(),
+            });
+            session.start = session.start.min(time);
+            session.latest = session.latest.max(time);
+            let is_logout = event_type == "LOGOUT";
+            session.events.push(event_type);
+            let deadline = self.inactivity_deadline(session);
+            (if is_logout { slot.take() } else { None }, deadline)
+        })?;
+        if let Some(session) = completed {
             ctx.increment("sessions_completed");
-            return Self::end(ctx, &event.user_id, session, COMPLETED, time);
+            return Self::end(ctx, &user_id, session, COMPLETED, time);
         }
-        ctx.set_timer(
-            &event.user_id,
-            SessionTimer::Inactivity,
-            self.inactivity_deadline(&session),
-        );
-        ctx.put(&SESSIONS, &event.user_id, &session)
+        ctx.set_timer(&user_id, SessionTimer::Inactivity, deadline);
+        Ok(())
     }
 
     fn on_timer(
@@ -128,7 +134,7 @@ impl Processor for Sessionizer {
         ctx: &mut Context<'_, Self>,
         timer: Timer<'_, SessionTimer>,
     ) -> anyhow::Result<()> {
-        if let Some(session) = ctx.get(&SESSIONS, timer.key)? {
+        if let Some(session) = ctx.update(&SESSIONS, timer.key, Option::take)? {
             ctx.increment("sessions_timed_out");
             Self::end(ctx, timer.key, session, TIMEOUT, timer.time)?;
         }

@@ -47,17 +47,22 @@ impl OpenWindows {
         starts: impl IntoIterator<Item = i64>,
         mut update: impl FnMut(&mut Accumulator),
     ) -> anyhow::Result<()> {
-        let mut windows = ctx.get(&OPEN_WINDOWS, key)?.unwrap_or_default();
-        let mut earliest_end = None::<i64>;
-        for start in starts {
-            update(windows.entry(start).or_default());
-            let end = start + self.size;
-            earliest_end = Some(earliest_end.map_or(end, |e| e.min(end)));
-        }
+        let earliest_end = ctx.update(&OPEN_WINDOWS, key, |slot| {
+            let windows = slot.get_or_insert_with(BTreeMap::new);
+            let mut earliest_end = None::<i64>;
+            for start in starts {
+                update(windows.entry(start).or_default());
+                let end = start + self.size;
+                earliest_end = Some(earliest_end.map_or(end, |e| e.min(end)));
+            }
+            if windows.is_empty() {
+                *slot = None;
+            }
+            earliest_end
+        })?;
         let Some(earliest_end) = earliest_end else {
             return Ok(());
         };
-        ctx.put(&OPEN_WINDOWS, key, &windows)?;
         if ctx
             .timer(key, WindowTimer::Flush)
             .is_none_or(|at| at > earliest_end)
@@ -102,18 +107,32 @@ impl OpenWindows {
     ) -> anyhow::Result<()> {
         let WindowTimer::Flush = timer.name;
         let key = timer.key;
-        let Some(mut windows) = ctx.get(&OPEN_WINDOWS, key)? else {
-            return Ok(());
-        };
-        while let Some(entry) = windows.first_entry() {
-            let start = *entry.key();
-            let end = start + self.size;
-            if end > timer.time {
-                ctx.set_timer(key, WindowTimer::Flush, end);
-                break;
+        let (ended, next_end) = ctx.update(&OPEN_WINDOWS, key, |slot| {
+            let mut ended = Vec::new();
+            let mut next_end = None;
+            let Some(windows) = slot else {
+                return (ended, next_end);
+            };
+            while let Some(entry) = windows.first_entry() {
+                let start = *entry.key();
+                let end = start + self.size;
+                if end > timer.time {
+                    next_end = Some(end);
+                    break;
+                }
+                ended.push((start, end, entry.remove()));
             }
-            closed(ctx, start, end, entry.remove())?;
+            if windows.is_empty() {
+                *slot = None;
+            }
+            (ended, next_end)
+        })?;
+        for (start, end, window) in ended {
+            closed(ctx, start, end, window)?;
         }
-        ctx.put_or_delete(&OPEN_WINDOWS, key, Some(&windows).filter(|w| !w.is_empty()))
+        if let Some(end) = next_end {
+            ctx.set_timer(key, WindowTimer::Flush, end);
+        }
+        Ok(())
     }
 }

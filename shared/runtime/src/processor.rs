@@ -418,6 +418,27 @@ impl<P: Processor> Context<'_, P> {
             .transpose()
     }
 
+    /// Changes the value of `state` for `key` in place: `change` gets the
+    /// current value (`None`: absent) and may replace it, change it, or set
+    /// it to `None` to delete it; its result is returned.
+    ///
+    /// Prefer this to [`get`](Self::get) then [`put`](Self::put) for a
+    /// read-modify-write: the value stays decoded until the commit, so a key
+    /// that many records change between two commits is decoded and encoded
+    /// once per commit instead of once per record.
+    pub fn update<T, R>(
+        &mut self,
+        state: &ValueState<T>,
+        key: &str,
+        change: impl FnOnce(&mut Option<T>) -> R,
+    ) -> anyhow::Result<R>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let store = self.index(state.name);
+        self.store.update(store, key.as_bytes(), change)
+    }
+
     /// Sets the value of `state` for `key`.
     pub fn put<T: Serialize>(
         &mut self,

@@ -113,7 +113,7 @@ impl<P: Processor> Engine<P> {
                     task.stage_position(&subscription_info.topic, *next);
                 }
             }
-            task.store.seal();
+            task.store.seal()?;
             for (name, count) in std::mem::take(&mut task.counters) {
                 *self.sealed_counters.entry(name).or_default() += count;
             }

@@ -15,10 +15,17 @@
 //! commit is in flight at a time, so two layers are enough.
 //!
 //! Overlays are sorted, so that scans merge them with RocksDB in key order.
+//! A value changed in place ([`TaskStore::update`]) is kept decoded in the
+//! overlay and encoded once, at the seal.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::codec::{decode_value, encode_value};
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
@@ -80,8 +87,41 @@ impl StateResources {
     }
 }
 
-/// Changes of one store not yet committed: `None` is a deletion.
-type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+/// Changes of one store sealed for a commit: `None` is a deletion.
+type Sealed = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// Changes of one store since the last seal.
+type Overlay = BTreeMap<Vec<u8>, Change>;
+
+/// One uncommitted change of a key.
+enum Change {
+    Put(Vec<u8>),
+    /// A value changed in place ([`TaskStore::update`]), kept decoded until
+    /// the seal encodes it: a key updated by many records between two
+    /// commits (a window-aggregator group, a busy session) is decoded once
+    /// and encoded once per commit, not once per record.
+    Decoded(Box<dyn StateValue>),
+    Deleted,
+}
+
+/// A decoded state value: encodable at the seal, and recoverable as its type.
+pub trait StateValue: Any + Send {
+    fn encode(&self) -> anyhow::Result<Vec<u8>>;
+    fn as_any(&self) -> &dyn Any;
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+impl<T: Serialize + Any + Send> StateValue for T {
+    fn encode(&self) -> anyhow::Result<Vec<u8>> {
+        encode_value(self)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
 
 /// Committed values read or written recently, per store: two generations of
 /// hash maps give an approximate LRU with O(1) operations and no per-entry
@@ -142,7 +182,7 @@ pub struct TaskStore {
     /// Changes since the last seal, per store.
     overlay: Vec<Overlay>,
     /// Changes of the commit in flight, per store.
-    sealed: Vec<Overlay>,
+    sealed: Vec<Sealed>,
     cache: ReadCache,
 }
 
@@ -244,8 +284,8 @@ impl TaskStore {
             db,
             path: path.to_path_buf(),
             names: names.to_vec(),
-            overlay: vec![Overlay::new(); names.len()],
-            sealed: vec![Overlay::new(); names.len()],
+            overlay: (0..names.len()).map(|_| Overlay::new()).collect(),
+            sealed: vec![Sealed::new(); names.len()],
             cache: ReadCache::new(names.len()),
         }
     }
@@ -280,10 +320,24 @@ impl TaskStore {
         key: &[u8],
         read: impl FnOnce(&[u8]) -> R,
     ) -> anyhow::Result<Option<R>> {
-        if let Some(change) = self.overlay[store]
-            .get(key)
-            .or_else(|| self.sealed[store].get(key))
-        {
+        match self.overlay[store].get(key) {
+            Some(Change::Put(bytes)) => return Ok(Some(read(bytes))),
+            Some(Change::Decoded(value)) => return Ok(Some(read(&value.encode()?))),
+            Some(Change::Deleted) => return Ok(None),
+            None => {}
+        }
+        self.read_committed_or_sealed(store, key, read)
+    }
+
+    /// [`Self::read`] below the current overlay: the sealed changes, then
+    /// the read cache, then RocksDB.
+    fn read_committed_or_sealed<R>(
+        &mut self,
+        store: StoreIndex,
+        key: &[u8],
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> anyhow::Result<Option<R>> {
+        if let Some(change) = self.sealed[store].get(key) {
             return Ok(change.as_deref().map(read));
         }
         if let Some(cached) = self.cache.get(store, key) {
@@ -300,12 +354,61 @@ impl TaskStore {
 
     /// Sets `key` to `value` (uncommitted until sealed and applied).
     pub fn put(&mut self, store: StoreIndex, key: Vec<u8>, value: Vec<u8>) {
-        self.overlay[store].insert(key, Some(value));
+        self.overlay[store].insert(key, Change::Put(value));
     }
 
     /// Deletes `key` (uncommitted until sealed and applied).
     pub fn delete(&mut self, store: StoreIndex, key: Vec<u8>) {
-        self.overlay[store].insert(key, None);
+        self.overlay[store].insert(key, Change::Deleted);
+    }
+
+    /// Calls `change` with `key`'s current value, decoded, to change in
+    /// place (`None`: absent; set it to `None` to delete). The result stays
+    /// decoded in the overlay until the seal; a value already decoded there
+    /// is not decoded again.
+    pub fn update<T, R>(
+        &mut self,
+        store: StoreIndex,
+        key: &[u8],
+        change: impl FnOnce(&mut Option<T>) -> R,
+    ) -> anyhow::Result<R>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        if let Some(slot) = self.overlay[store].get_mut(key) {
+            // Checked before the slot is taken: an error leaves it as it was.
+            let decoded = match &*slot {
+                Change::Put(bytes) => Some(decode_value::<T>(bytes)?),
+                Change::Decoded(value) if !value.as_any().is::<T>() => {
+                    anyhow::bail!("a state value updated as a type it was not written as")
+                }
+                Change::Decoded(_) | Change::Deleted => None,
+            };
+            let mut value = match std::mem::replace(slot, Change::Deleted) {
+                Change::Decoded(value) => value.into_any().downcast::<T>().ok().map(|v| *v),
+                Change::Put(_) | Change::Deleted => decoded,
+            };
+            let result = change(&mut value);
+            if let Some(value) = value {
+                *slot = Change::Decoded(Box::new(value));
+            }
+            return Ok(result);
+        }
+        let mut value = self
+            .read_committed_or_sealed(store, key, decode_value::<T>)?
+            .transpose()?;
+        let existed = value.is_some();
+        let result = change(&mut value);
+        match value {
+            Some(value) => {
+                self.overlay[store].insert(key.to_vec(), Change::Decoded(Box::new(value)));
+            }
+            None if existed => {
+                self.overlay[store].insert(key.to_vec(), Change::Deleted);
+            }
+            None => {}
+        }
+        Ok(result)
     }
 
     /// All entries whose key starts with `prefix`, in key order, uncommitted
@@ -334,16 +437,24 @@ impl TaskStore {
             }
             merged.insert(key.into_vec(), value.into_vec());
         }
-        for layer in [&self.sealed[store], &self.overlay[store]] {
-            for (key, change) in layer.range(prefix.to_vec()..) {
-                if !key.starts_with(prefix) {
-                    break;
-                }
-                match change {
-                    Some(value) => merged.insert(key.clone(), value.clone()),
-                    None => merged.remove(key),
-                };
+        for (key, change) in self.sealed[store].range(prefix.to_vec()..) {
+            if !key.starts_with(prefix) {
+                break;
             }
+            match change {
+                Some(value) => merged.insert(key.clone(), value.clone()),
+                None => merged.remove(key),
+            };
+        }
+        for (key, change) in self.overlay[store].range(prefix.to_vec()..) {
+            if !key.starts_with(prefix) {
+                break;
+            }
+            match change {
+                Change::Put(value) => merged.insert(key.clone(), value.clone()),
+                Change::Decoded(value) => merged.insert(key.clone(), value.encode()?),
+                Change::Deleted => merged.remove(key),
+            };
         }
         Ok(merged.into_iter().collect())
     }
@@ -351,12 +462,32 @@ impl TaskStore {
     /// Seals the changes made so far for a commit; later changes go to a
     /// fresh overlay. The previous commit must have been applied or
     /// discarded.
-    pub fn seal(&mut self) {
+    ///
+    /// Values kept decoded are encoded here, once; should one fail, the
+    /// overlay stays as it is (some values encoded, which reads the same).
+    pub fn seal(&mut self) -> anyhow::Result<()> {
         debug_assert!(
             self.sealed.iter().all(BTreeMap::is_empty),
             "one commit in flight at a time"
         );
-        std::mem::swap(&mut self.overlay, &mut self.sealed);
+        for overlay in &mut self.overlay {
+            for change in overlay.values_mut() {
+                if let Change::Decoded(value) = change {
+                    *change = Change::Put(value.encode()?);
+                }
+            }
+        }
+        for (overlay, sealed) in self.overlay.iter_mut().zip(&mut self.sealed) {
+            *sealed = std::mem::take(overlay)
+                .into_iter()
+                .map(|(key, change)| match change {
+                    Change::Put(bytes) => (key, Some(bytes)),
+                    Change::Deleted => (key, None),
+                    Change::Decoded(_) => unreachable!("every decoded value was encoded above"),
+                })
+                .collect();
+        }
+        Ok(())
     }
 
     /// The sealed changes of `store`, in key order.
@@ -604,7 +735,7 @@ mod tests {
         let (mut store, dir) = temp_store(&["kept", "gone"]);
         store.put(0, b"k".to_vec(), b"1".to_vec());
         store.put(1, b"k".to_vec(), b"2".to_vec());
-        store.seal();
+        store.seal().unwrap();
         store.apply_sealed(&[(0, 7), (1, 9)]).unwrap();
         drop(store);
         let resources = StateResources::new(8 << 20);
@@ -632,14 +763,14 @@ mod tests {
     fn uncommitted_layers_shadow_rocksdb_until_applied_or_discarded() {
         let (mut store, dir) = temp_store(&["a"]);
         store.put(0, b"k".to_vec(), b"1".to_vec());
-        store.seal();
+        store.seal().unwrap();
         store.apply_sealed(&[(0, 7)]).unwrap();
         store.put(0, b"k".to_vec(), b"2".to_vec());
         assert_eq!(
             store.read(0, b"k", |v| v.to_vec()).unwrap(),
             Some(b"2".to_vec())
         );
-        store.seal();
+        store.seal().unwrap();
         store.put(0, b"k".to_vec(), b"3".to_vec());
         assert_eq!(
             store.read(0, b"k", |v| v.to_vec()).unwrap(),
@@ -654,6 +785,95 @@ mod tests {
         store.delete(0, b"k".to_vec());
         assert_eq!(store.read(0, b"k", |v| v.to_vec()).unwrap(), None);
         assert_eq!(store.checkpoint(0).unwrap(), Some(7));
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn values_updated_in_place_read_scan_and_seal_like_written_ones() {
+        let (mut store, dir) = temp_store(&["a"]);
+        let encoded = |n: u32| encode_value(&n).unwrap();
+        store.put(0, b"committed".to_vec(), encoded(1));
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 1)]).unwrap();
+        // Absent, committed, and written as bytes: each changed in place.
+        for (key, expected_before) in [(&b"new"[..], None), (b"committed", Some(1))] {
+            let before = store
+                .update(0, key, |slot: &mut Option<u32>| {
+                    let before = *slot;
+                    *slot = Some(before.unwrap_or(0) + 10);
+                    before
+                })
+                .unwrap();
+            assert_eq!(before, expected_before);
+        }
+        store.put(0, b"bytes".to_vec(), encoded(5));
+        store
+            .update(0, b"bytes", |slot: &mut Option<u32>| {
+                *slot = slot.map(|n| n * 2)
+            })
+            .unwrap();
+        // Updated again: no decoding in between, the same value goes on.
+        store
+            .update(0, b"new", |slot: &mut Option<u32>| {
+                *slot = slot.map(|n| n + 1)
+            })
+            .unwrap();
+        let read = |store: &mut TaskStore, key: &[u8]| {
+            store
+                .read(0, key, |bytes| decode_value::<u32>(bytes).unwrap())
+                .unwrap()
+        };
+        assert_eq!(read(&mut store, b"new"), Some(11));
+        assert_eq!(read(&mut store, b"committed"), Some(11));
+        assert_eq!(read(&mut store, b"bytes"), Some(10));
+        let scanned: Vec<(Vec<u8>, u32)> = store
+            .scan_prefix(0, b"")
+            .unwrap()
+            .into_iter()
+            .map(|(key, value)| (key, decode_value(&value).unwrap()))
+            .collect();
+        assert_eq!(
+            scanned,
+            [
+                (b"bytes".to_vec(), 10),
+                (b"committed".to_vec(), 11),
+                (b"new".to_vec(), 11)
+            ]
+        );
+        assert!(
+            store
+                .update(0, b"new", |slot: &mut Option<String>| slot.take())
+                .is_err(),
+            "another type is refused"
+        );
+        assert_eq!(read(&mut store, b"new"), Some(11), "and changes nothing");
+        store.seal().unwrap();
+        let sealed: Vec<(Vec<u8>, Option<u32>)> = store
+            .sealed(0)
+            .map(|(key, value)| (key.to_vec(), value.map(|v| decode_value(v).unwrap())))
+            .collect();
+        assert_eq!(
+            sealed,
+            [
+                (b"bytes".to_vec(), Some(10)),
+                (b"committed".to_vec(), Some(11)),
+                (b"new".to_vec(), Some(11))
+            ]
+        );
+        store.apply_sealed(&[(0, 2)]).unwrap();
+        // Taking a value out deletes it; taking an absent one writes nothing.
+        for key in [&b"committed"[..], b"never"] {
+            store
+                .update(0, key, |slot: &mut Option<u32>| slot.take())
+                .unwrap();
+        }
+        store.seal().unwrap();
+        let sealed: Vec<(Vec<u8>, Option<Vec<u8>>)> = store
+            .sealed(0)
+            .map(|(key, value)| (key.to_vec(), value.map(<[u8]>::to_vec)))
+            .collect();
+        assert_eq!(sealed, [(b"committed".to_vec(), None)]);
         drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -682,11 +902,11 @@ mod tests {
         store.put(0, b"p1".to_vec(), b"a".to_vec());
         store.put(0, b"p3".to_vec(), b"c".to_vec());
         store.put(0, b"q1".to_vec(), b"x".to_vec());
-        store.seal();
+        store.seal().unwrap();
         store.apply_sealed(&[]).unwrap();
         store.put(0, b"p2".to_vec(), b"b".to_vec());
         store.put(0, b"p4".to_vec(), b"d".to_vec());
-        store.seal();
+        store.seal().unwrap();
         store.delete(0, b"p3".to_vec());
         store.delete(0, b"p4".to_vec());
         store.put(0, b"p5".to_vec(), b"e".to_vec());
