@@ -376,22 +376,20 @@ impl TaskStore {
         T: Serialize + DeserializeOwned + Send + 'static,
     {
         if let Some(slot) = self.overlay[store].get_mut(key) {
-            // Checked before the slot is taken: an error leaves it as it was.
-            let decoded = match &*slot {
+            // An error leaves the slot as it was.
+            let mut value = match slot {
                 Change::Put(bytes) => Some(decode_value::<T>(bytes)?),
-                Change::Decoded(value) if !value.as_any().is::<T>() => {
+                Change::Deleted => None,
+                Change::Decoded(held) if !held.as_any().is::<T>() => {
                     anyhow::bail!("a state value updated as a type it was not written as")
                 }
-                Change::Decoded(_) | Change::Deleted => None,
-            };
-            let mut value = match std::mem::replace(slot, Change::Deleted) {
-                Change::Decoded(value) => value.into_any().downcast::<T>().ok().map(|v| *v),
-                Change::Put(_) | Change::Deleted => decoded,
+                Change::Decoded(_) => match std::mem::replace(slot, Change::Deleted) {
+                    Change::Decoded(held) => held.into_any().downcast::<T>().ok().map(|v| *v),
+                    Change::Put(_) | Change::Deleted => unreachable!("matched as decoded"),
+                },
             };
             let result = change(&mut value);
-            if let Some(value) = value {
-                *slot = Change::Decoded(Box::new(value));
-            }
+            *slot = value.map_or(Change::Deleted, |value| Change::Decoded(Box::new(value)));
             return Ok(result);
         }
         let mut value = self
