@@ -140,7 +140,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         .set("partition.assignment.strategy", "range")
         .set("fetch.queue.backoff.ms", "5")
         .set("fetch.wait.max.ms", "20")
-        .set("max.partition.fetch.bytes", "262144");
+        .set("max.partition.fetch.bytes", "262144")
+        .set("queued.min.messages", "10000");
     let consumer: BaseConsumer = consumer_config.create()?;
     let topics: Vec<&str> = args.inputs.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;

@@ -760,6 +760,17 @@ fn group_consumer_config(
     if config.get("max.partition.fetch.bytes").is_none() {
         config.set("max.partition.fetch.bytes", "262144");
     }
+    // The prefetch queue is refilled below this many records (librdkafka:
+    // 100 000), and refilled within `fetch.queue.backoff.ms` (5 ms, above):
+    // 10 000 records are 15-100 ms of processing here, so the stage never
+    // finds it empty, and the records a queue holds are a third of the
+    // default's memory. Measured: peak RSS sessionizer 113 -> 77-84 MiB,
+    // sensor-fusion 105 -> 73-74, window-aggregator 90 -> 55, joiner 305 ->
+    // 270, records/s unchanged within the noise (2 000 and 5 000 saved no
+    // more).
+    if config.get("queued.min.messages").is_none() {
+        config.set("queued.min.messages", "10000");
+    }
     match env.args.group_protocol {
         // Range hands out equal-numbered partitions of co-partitioned topics
         // together: the co-location every task needs.
