@@ -517,7 +517,7 @@ impl<P: Processor> Context<'_, P> {
 
     /// Every entry of `key`'s map, in key order.
     pub fn map_entries<K: MapKey, V: DeserializeOwned>(
-        &self,
+        &mut self,
         map: &MapState<K, V>,
         key: &str,
     ) -> anyhow::Result<Vec<(K, V)>> {

@@ -2,4 +2,5 @@
 //! byte encodings of keys and values.
 
 pub mod codec;
+mod layer;
 pub mod store;

@@ -14,9 +14,10 @@
 //! reads see the new overlay, then the sealed one, then RocksDB. Only one
 //! commit is in flight at a time, so two layers are enough.
 //!
-//! Overlays are sorted, so that scans merge them with RocksDB in key order.
-//! A value changed in place ([`TaskStore::update`]) is kept decoded in the
-//! overlay and encoded once, at the seal.
+//! A layer is a hash map until its store is first scanned, sorted from then
+//! on (see [`super::layer`]). A value changed in place
+//! ([`TaskStore::update`]) is kept decoded in the overlay and encoded once,
+//! at the seal.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::codec::{decode_value, encode_value};
+use super::layer::Layer;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
@@ -87,11 +89,9 @@ impl StateResources {
     }
 }
 
-/// Changes of one store sealed for a commit: `None` is a deletion.
-type Sealed = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
-
-/// Changes of one store since the last seal.
-type Overlay = BTreeMap<Vec<u8>, Change>;
+/// Changes of one store: since the last seal (the overlay), or sealed for
+/// the commit in flight (no value decoded any more).
+type Changes = Layer<Change>;
 
 /// One uncommitted change of a key.
 enum Change {
@@ -102,6 +102,34 @@ enum Change {
     /// and encoded once per commit, not once per record.
     Decoded(Box<dyn StateValue>),
     Deleted,
+}
+
+impl Change {
+    /// Calls `read` with the changed value's bytes; `None` for a deletion.
+    fn read<R>(&self, read: impl FnOnce(&[u8]) -> R) -> anyhow::Result<Option<R>> {
+        Ok(match self {
+            Change::Put(bytes) => Some(read(bytes)),
+            Change::Decoded(value) => Some(read(&value.encode()?)),
+            Change::Deleted => None,
+        })
+    }
+
+    /// A sealed change's bytes; `None` for a deletion.
+    fn sealed(&self) -> Option<&[u8]> {
+        match self {
+            Change::Put(bytes) => Some(bytes),
+            Change::Deleted => None,
+            Change::Decoded(_) => unreachable!("the seal encodes every decoded value"),
+        }
+    }
+
+    fn into_sealed(self) -> Option<Vec<u8>> {
+        match self {
+            Change::Put(bytes) => Some(bytes),
+            Change::Deleted => None,
+            Change::Decoded(_) => unreachable!("the seal encodes every decoded value"),
+        }
+    }
 }
 
 /// A decoded state value: encodable at the seal, and recoverable as its type.
@@ -180,9 +208,9 @@ pub struct TaskStore {
     path: PathBuf,
     names: Vec<String>,
     /// Changes since the last seal, per store.
-    overlay: Vec<Overlay>,
+    overlay: Vec<Changes>,
     /// Changes of the commit in flight, per store.
-    sealed: Vec<Sealed>,
+    sealed: Vec<Changes>,
     cache: ReadCache,
 }
 
@@ -284,8 +312,8 @@ impl TaskStore {
             db,
             path: path.to_path_buf(),
             names: names.to_vec(),
-            overlay: (0..names.len()).map(|_| Overlay::new()).collect(),
-            sealed: vec![Sealed::new(); names.len()],
+            overlay: (0..names.len()).map(|_| Changes::default()).collect(),
+            sealed: (0..names.len()).map(|_| Changes::default()).collect(),
             cache: ReadCache::new(names.len()),
         }
     }
@@ -321,12 +349,9 @@ impl TaskStore {
         read: impl FnOnce(&[u8]) -> R,
     ) -> anyhow::Result<Option<R>> {
         match self.overlay[store].get(key) {
-            Some(Change::Put(bytes)) => return Ok(Some(read(bytes))),
-            Some(Change::Decoded(value)) => return Ok(Some(read(&value.encode()?))),
-            Some(Change::Deleted) => return Ok(None),
-            None => {}
+            Some(change) => change.read(read),
+            None => self.read_committed_or_sealed(store, key, read),
         }
-        self.read_committed_or_sealed(store, key, read)
     }
 
     /// [`Self::read`] below the current overlay: the sealed changes, then
@@ -338,7 +363,7 @@ impl TaskStore {
         read: impl FnOnce(&[u8]) -> R,
     ) -> anyhow::Result<Option<R>> {
         if let Some(change) = self.sealed[store].get(key) {
-            return Ok(change.as_deref().map(read));
+            return Ok(change.sealed().map(read));
         }
         if let Some(cached) = self.cache.get(store, key) {
             return Ok(cached.as_deref().map(read));
@@ -410,9 +435,9 @@ impl TaskStore {
     }
 
     /// All entries whose key starts with `prefix`, in key order, uncommitted
-    /// changes included.
+    /// changes included. The store's layers are sorted for good.
     pub fn scan_prefix(
-        &self,
+        &mut self,
         store: StoreIndex,
         prefix: &[u8],
     ) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -435,19 +460,15 @@ impl TaskStore {
             }
             merged.insert(key.into_vec(), value.into_vec());
         }
-        for (key, change) in self.sealed[store].range(prefix.to_vec()..) {
-            if !key.starts_with(prefix) {
-                break;
-            }
-            match change {
-                Some(value) => merged.insert(key.clone(), value.clone()),
+        self.sealed[store].sort();
+        self.overlay[store].sort();
+        for (key, change) in self.sealed[store].prefixed(prefix) {
+            match change.sealed() {
+                Some(value) => merged.insert(key.clone(), value.to_vec()),
                 None => merged.remove(key),
             };
         }
-        for (key, change) in self.overlay[store].range(prefix.to_vec()..) {
-            if !key.starts_with(prefix) {
-                break;
-            }
+        for (key, change) in self.overlay[store].prefixed(prefix) {
             match change {
                 Change::Put(value) => merged.insert(key.clone(), value.clone()),
                 Change::Decoded(value) => merged.insert(key.clone(), value.encode()?),
@@ -465,7 +486,7 @@ impl TaskStore {
     /// overlay stays as it is (some values encoded, which reads the same).
     pub fn seal(&mut self) -> anyhow::Result<()> {
         debug_assert!(
-            self.sealed.iter().all(BTreeMap::is_empty),
+            self.sealed.iter().all(Changes::is_empty),
             "one commit in flight at a time"
         );
         for overlay in &mut self.overlay {
@@ -475,24 +496,19 @@ impl TaskStore {
                 }
             }
         }
+        // The emptied layer of the last commit, capacity and all, takes
+        // the next changes.
         for (overlay, sealed) in self.overlay.iter_mut().zip(&mut self.sealed) {
-            *sealed = std::mem::take(overlay)
-                .into_iter()
-                .map(|(key, change)| match change {
-                    Change::Put(bytes) => (key, Some(bytes)),
-                    Change::Deleted => (key, None),
-                    Change::Decoded(_) => unreachable!("every decoded value was encoded above"),
-                })
-                .collect();
+            std::mem::swap(overlay, sealed);
         }
         Ok(())
     }
 
-    /// The sealed changes of `store`, in key order.
+    /// The sealed changes of `store` (in key order if it has been scanned).
     pub fn sealed(&self, store: StoreIndex) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
         self.sealed[store]
             .iter()
-            .map(|(key, value)| (key.as_slice(), value.as_deref()))
+            .map(|(key, change)| (key.as_slice(), change.sealed()))
     }
 
     /// Applies the sealed changes to RocksDB in one batch, with the changelog
@@ -501,8 +517,8 @@ impl TaskStore {
         let mut batch = WriteBatch::default();
         for (store, changes) in self.sealed.iter().enumerate() {
             let family = self.family(store);
-            for (key, change) in changes {
-                match change {
+            for (key, change) in changes.iter() {
+                match change.sealed() {
                     Some(value) => batch.put_cf(family, key, value),
                     None => batch.delete_cf(family, key),
                 }
@@ -519,8 +535,8 @@ impl TaskStore {
         self.db.write(batch)?;
         // What was just written is what will be read next: keep it cached.
         for (store, changes) in self.sealed.iter_mut().enumerate() {
-            for (key, value) in std::mem::take(changes) {
-                self.cache.insert(store, key, value);
+            for (key, change) in changes.drain() {
+                self.cache.insert(store, key, change.into_sealed());
             }
         }
         Ok(())
@@ -529,8 +545,8 @@ impl TaskStore {
     /// Drops every uncommitted change, sealed or not: the task is back at
     /// its last commit.
     pub fn discard_uncommitted(&mut self) {
-        self.overlay.iter_mut().for_each(BTreeMap::clear);
-        self.sealed.iter_mut().for_each(BTreeMap::clear);
+        self.overlay.iter_mut().for_each(Changes::clear);
+        self.sealed.iter_mut().for_each(Changes::clear);
     }
 
     /// Whether any store has changes not yet sealed for a commit.
