@@ -10,7 +10,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use hashbrown::hash_map::EntryRef;
+use rustc_hash::FxBuildHasher;
 use smallvec::SmallVec;
 use std::time::{Duration, Instant};
 
@@ -326,7 +327,7 @@ impl TimerEntry {
 #[derive(Debug, Default)]
 pub struct TimerQueue {
     by_time: BinaryHeap<Reverse<TimerEntry>>,
-    by_key: FxHashMap<Arc<str>, NamedTimes>,
+    by_key: hashbrown::HashMap<Arc<str>, NamedTimes, FxBuildHasher>,
     /// Timers in `by_key`; `by_time` holds these and left-behind entries.
     live: usize,
 }
@@ -350,11 +351,14 @@ impl TimerQueue {
 
     /// Sets timer `name` of `key` to `time`; returns the time it replaced.
     pub fn set(&mut self, key: &str, name: &'static str, time: i64) -> Option<i64> {
-        let shared = match self.by_key.get_key_value(key) {
-            Some((shared, _)) => shared.clone(),
-            None => Arc::from(key),
+        // One hash lookup, which finds the key's shared copy or adds it.
+        let (shared, named) = match self.by_key.entry_ref(key) {
+            EntryRef::Occupied(entry) => (entry.key().clone(), entry.into_mut()),
+            EntryRef::Vacant(entry) => {
+                let entry = entry.insert_entry(NamedTimes::new());
+                (entry.key().clone(), entry.into_mut())
+            }
         };
-        let named = self.by_key.entry(shared.clone()).or_default();
         let previous = match named.iter_mut().find(|(n, _)| *n == name) {
             Some((_, at)) => Some(std::mem::replace(at, time)),
             None => {

@@ -91,6 +91,16 @@ impl<V> Layer<V> {
             .chain(sorted.into_iter().flatten())
     }
 
+    /// Every entry in key order; a hashed layer's are sorted for the
+    /// occasion.
+    pub fn in_key_order(&self) -> Vec<(&Vec<u8>, &V)> {
+        let mut entries: Vec<_> = self.iter().collect();
+        if let Layer::Hashed(_) = self {
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        }
+        entries
+    }
+
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
         let (hashed, sorted) = match self {
             Layer::Hashed(map) => (Some(map.values_mut()), None),
@@ -128,6 +138,12 @@ mod tests {
         }
         layer.insert(b"b3".to_vec(), 0);
         assert!(matches!(layer, Layer::Hashed(_)));
+        let ordered: Vec<&[u8]> = layer
+            .in_key_order()
+            .iter()
+            .map(|(key, _)| key.as_slice())
+            .collect();
+        assert_eq!(ordered, [&b"a1"[..], b"b1", b"b2", b"b3", b"c1"]);
         layer.sort();
         assert!(matches!(layer, Layer::Sorted(_)));
         let scanned: Vec<(&[u8], usize)> = layer

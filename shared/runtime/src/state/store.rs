@@ -517,7 +517,10 @@ impl TaskStore {
         let mut batch = WriteBatch::default();
         for (store, changes) in self.sealed.iter().enumerate() {
             let family = self.family(store);
-            for (key, change) in changes.iter() {
+            // In key order: RocksDB's memtable resumes each insert's search
+            // where the last one ended (measured: its skip-list search 5.5 %
+            // of the sessionizer's thread in hash order, 2 % sorted).
+            for (key, change) in changes.in_key_order() {
                 match change.sealed() {
                     Some(value) => batch.put_cf(family, key, value),
                     None => batch.delete_cf(family, key),
