@@ -42,7 +42,11 @@
 mod app;
 /// Every binary built on the runtime allocates with mimalloc: the hot path
 /// allocates small, short-lived keys and values, where glibc's allocator
-/// spent a quarter of the joiner's CPU time (profiled with `perf`).
+/// spent a quarter of the joiner's CPU time (profiled with `perf`). Built
+/// without transparent huge pages (`no_thp`): mimalloc otherwise asks for
+/// them, and a 2 MiB page is resident as soon as one byte of it is touched.
+/// Measured: peak RSS sessionizer 81-83 -> 65-67 MiB, sensor-fusion 76 ->
+/// 55, window-aggregator 55 -> 46, records/s unchanged within the noise.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
