@@ -97,8 +97,9 @@ pub struct RuntimeArgs {
     #[arg(long, env = "COMMIT_INTERVAL", default_value = "100ms")]
     pub commit_interval: HumanDuration,
 
-    /// Memory shared by all tasks' RocksDB block cache and write buffers, in
-    /// MiB: one budget for the process, whatever its threads and stages.
+    /// Memory shared by all tasks' state, in MiB: RocksDB's block cache and
+    /// write buffers (15/16) and the read caches in front of them (1/16);
+    /// one budget for the process, whatever its threads and stages.
     #[arg(long, env = "STATE_MEMORY_LIMIT_MB", default_value_t = 256)]
     pub state_memory_limit: u64,
 

@@ -25,6 +25,8 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use super::codec::{decode_value, encode_value};
 use super::layer::Layer;
@@ -40,27 +42,45 @@ const CHECKPOINTS: &str = "__checkpoints";
 /// RocksDB's own column family, which every database has.
 const DEFAULT_FAMILY: &str = "default";
 
-/// RocksDB memory shared by every task of the process: one block cache, with
-/// memtables charged to it, so the whole process stays under one budget however
-/// many stores and tasks it has (a Kafka Streams pain point).
+/// State memory shared by every task of the process: one RocksDB block
+/// cache, with memtables charged to it, and the tasks' read caches, so the
+/// whole process stays under one budget however many stores and tasks it has
+/// (a Kafka Streams pain point).
 #[derive(Clone)]
 pub struct StateResources {
     cache: Cache,
     write_buffers: WriteBufferManager,
+    read_caches: Arc<ReadCacheBudget>,
+}
+
+/// The read caches' share of the budget, split evenly among open tasks.
+struct ReadCacheBudget {
+    bytes: usize,
+    tasks: AtomicUsize,
 }
 
 impl StateResources {
-    /// Resources capped at `limit_bytes` in total.
+    /// Resources capped at `limit_bytes` in total: a sixteenth for the read
+    /// caches (values read or written recently, kept in front of RocksDB:
+    /// 8 MiB a generation for one task at the default limit, about the
+    /// 32 768 entries of ~200 bytes they held before they were counted in
+    /// bytes), the rest for RocksDB.
     pub fn new(limit_bytes: usize) -> Self {
-        let cache = Cache::new_lru_cache(limit_bytes);
+        let read_cache_bytes = limit_bytes / 16;
+        let rocksdb_bytes = limit_bytes - read_cache_bytes;
+        let cache = Cache::new_lru_cache(rocksdb_bytes);
         let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
-            limit_bytes / 2,
+            rocksdb_bytes / 2,
             false,
             cache.clone(),
         );
         StateResources {
             cache,
             write_buffers,
+            read_caches: Arc::new(ReadCacheBudget {
+                bytes: read_cache_bytes,
+                tasks: AtomicUsize::new(0),
+            }),
         }
     }
 
@@ -157,23 +177,37 @@ impl<T: Serialize + Any + Send> StateValue for T {
 /// keyed by the key bytes alone (one map per store), so a lookup borrows the
 /// key instead of allocating a copy, and a retired generation's map is
 /// cleared and reused rather than grown again from empty.
+///
+/// A generation holds up to half the task's share of the read caches'
+/// budget, in bytes (keys, values and [`CACHE_ENTRY_OVERHEAD`]), so large
+/// values mean fewer entries, not more memory.
 struct ReadCache {
     recent: Vec<FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
     older: Vec<FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
-    /// Entries in `recent`, over all stores.
-    recent_len: usize,
+    /// Bytes in `recent`, over all stores.
+    recent_bytes: usize,
+    budget: Arc<ReadCacheBudget>,
 }
 
-/// Entries per cache generation (per task).
-const CACHE_GENERATION: usize = 32_768;
+/// What a cached entry costs beyond its key and value: the map's slot, the
+/// two vectors' headers and the allocator's rounding, roughly.
+const CACHE_ENTRY_OVERHEAD: usize = 64;
 
 impl ReadCache {
-    fn new(stores: usize) -> Self {
+    fn new(stores: usize, budget: Arc<ReadCacheBudget>) -> Self {
+        budget.tasks.fetch_add(1, Ordering::Relaxed);
         ReadCache {
             recent: vec![FxHashMap::default(); stores],
             older: vec![FxHashMap::default(); stores],
-            recent_len: 0,
+            recent_bytes: 0,
+            budget,
         }
+    }
+
+    /// This task's share of the budget, per generation.
+    fn generation_bytes(&self) -> usize {
+        let tasks = self.budget.tasks.load(Ordering::Relaxed).max(1);
+        self.budget.bytes / tasks / 2
     }
 
     fn get(&mut self, store: StoreIndex, key: &[u8]) -> Option<&Option<Vec<u8>>> {
@@ -185,20 +219,26 @@ impl ReadCache {
     }
 
     fn insert(&mut self, store: StoreIndex, key: Vec<u8>, value: Option<Vec<u8>>) {
-        if self.recent_len >= CACHE_GENERATION {
+        if self.recent_bytes >= self.generation_bytes() {
             std::mem::swap(&mut self.recent, &mut self.older);
             self.recent.iter_mut().for_each(FxHashMap::clear);
-            self.recent_len = 0;
+            self.recent_bytes = 0;
         }
-        if self.recent[store].insert(key, value).is_none() {
-            self.recent_len += 1;
-        }
+        // A replaced entry is counted again: the estimate errs high.
+        self.recent_bytes += key.len() + value.as_ref().map_or(0, Vec::len) + CACHE_ENTRY_OVERHEAD;
+        self.recent[store].insert(key, value);
     }
 
     fn clear(&mut self) {
         self.recent.iter_mut().for_each(FxHashMap::clear);
         self.older.iter_mut().for_each(FxHashMap::clear);
-        self.recent_len = 0;
+        self.recent_bytes = 0;
+    }
+}
+
+impl Drop for ReadCache {
+    fn drop(&mut self) {
+        self.budget.tasks.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -271,7 +311,7 @@ impl TaskStore {
             db.drop_cf(name)?;
             tracing::info!(path = %path.display(), store = %name, "dropped a store no longer used");
         }
-        Ok(Self::with_db(db, path, names))
+        Ok(Self::with_db(db, path, names, resources))
     }
 
     /// Opens like [`TaskStore::open`], waiting up to `patience` while the
@@ -307,14 +347,14 @@ impl TaskStore {
         }
     }
 
-    fn with_db(db: DB, path: &Path, names: &[String]) -> Self {
+    fn with_db(db: DB, path: &Path, names: &[String], resources: &StateResources) -> Self {
         TaskStore {
             db,
             path: path.to_path_buf(),
             names: names.to_vec(),
             overlay: (0..names.len()).map(|_| Changes::default()).collect(),
             sealed: (0..names.len()).map(|_| Changes::default()).collect(),
-            cache: ReadCache::new(names.len()),
+            cache: ReadCache::new(names.len(), resources.read_caches.clone()),
         }
     }
 
@@ -896,21 +936,39 @@ mod tests {
     }
 
     #[test]
-    fn the_read_cache_keeps_recent_keys_and_forgets_old_ones() {
-        let mut cache = ReadCache::new(2);
+    fn the_read_cache_keeps_recent_keys_and_forgets_old_ones_within_its_share() {
+        // Room for 100 entries of an 8-byte key per generation.
+        let entry = 8 + CACHE_ENTRY_OVERHEAD;
+        let budget = Arc::new(ReadCacheBudget {
+            bytes: 2 * 100 * entry,
+            tasks: AtomicUsize::new(0),
+        });
+        let mut cache = ReadCache::new(2, budget.clone());
         cache.insert(0, b"hot".to_vec(), Some(b"1".to_vec()));
-        for i in 0..CACHE_GENERATION {
+        for i in 0..1_000u64 {
             cache.insert(0, i.to_be_bytes().to_vec(), None);
             // Touching a key moves it to the recent generation.
             assert!(cache.get(0, b"hot").is_some());
         }
-        for i in 0..2 * CACHE_GENERATION {
+        let held: usize = cache
+            .recent
+            .iter()
+            .chain(&cache.older)
+            .map(|map| map.len())
+            .sum();
+        assert!(held <= 2 * 101, "{held} entries held");
+        for i in 0..200u64 {
             cache.insert(1, i.to_be_bytes().to_vec(), None);
         }
         assert!(
             cache.get(0, b"hot").is_none(),
             "two generations untouched: evicted"
         );
+        // Another task's cache halves each one's share.
+        let other = ReadCache::new(1, budget.clone());
+        assert_eq!(cache.generation_bytes(), 50 * entry);
+        drop(other);
+        assert_eq!(cache.generation_bytes(), 100 * entry);
     }
 
     #[test]
