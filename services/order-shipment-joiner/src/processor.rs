@@ -85,11 +85,29 @@ fn buffered<T: serde::de::DeserializeOwned>(
     ctx.get(state, key)
 }
 
-/// Moves `key`'s timer `name` to `at` if that is earlier.
-fn expire_by(ctx: &mut Context<'_, IntervalJoin>, key: &str, name: Expiry, at: i64) {
-    if ctx.timer(key, name).is_none_or(|current| at < current) {
-        ctx.set_timer(key, name, at);
+/// Buffers `record` at `time` on one side of `key`, whose expiry timer is
+/// `name`, and moves that timer to `expires` if that is earlier. The timer
+/// is looked up once: it says whether the side has anything buffered, and
+/// when it expires.
+fn buffer<T: serde::Serialize + serde::de::DeserializeOwned>(
+    ctx: &mut Context<'_, IntervalJoin>,
+    state: &ValueState<Buffered<T>>,
+    key: &str,
+    (name, expires): (Expiry, i64),
+    time: i64,
+    record: T,
+) -> anyhow::Result<()> {
+    let current = ctx.timer(key, name);
+    let mut buffered = match current {
+        Some(_) => ctx.get(state, key)?.unwrap_or_default(),
+        None => Buffered::new(),
+    };
+    buffered.entry(time).or_default().push(record);
+    ctx.put(state, key, &buffered)?;
+    if current.is_none_or(|current| expires < current) {
+        ctx.set_timer(key, name, expires);
     }
+    Ok(())
 }
 
 /// Drops `key`'s buffered records of one side whose `expiry` has passed the
@@ -166,11 +184,8 @@ impl IntervalJoin {
                 ctx.emit(Some(key), &Self::joined(&order, shipment))?;
             }
         }
-        let mut orders = buffered(ctx, &ORDERS, key, Expiry::Order)?.unwrap_or_default();
-        orders.entry(time).or_default().push(order);
-        ctx.put(&ORDERS, key, &orders)?;
-        expire_by(ctx, key, Expiry::Order, self.order_expiry(time));
-        Ok(())
+        let expiry = (Expiry::Order, self.order_expiry(time));
+        buffer(ctx, &ORDERS, key, expiry, time, order)
     }
 
     fn on_shipment(
@@ -186,11 +201,8 @@ impl IntervalJoin {
                 ctx.emit(Some(key), &Self::joined(order, &shipment))?;
             }
         }
-        let mut shipments = buffered(ctx, &SHIPMENTS, key, Expiry::Shipment)?.unwrap_or_default();
-        shipments.entry(time).or_default().push(shipment);
-        ctx.put(&SHIPMENTS, key, &shipments)?;
-        expire_by(ctx, key, Expiry::Shipment, Self::shipment_expiry(time));
-        Ok(())
+        let expiry = (Expiry::Shipment, Self::shipment_expiry(time));
+        buffer(ctx, &SHIPMENTS, key, expiry, time, shipment)
     }
 }
 

@@ -81,14 +81,10 @@ impl<V> Layer<V> {
 
     /// Every entry, in key order if the layer is sorted.
     pub fn iter(&self) -> impl Iterator<Item = (&Vec<u8>, &V)> {
-        let (hashed, sorted) = match self {
-            Layer::Hashed(map) => (Some(map.iter()), None),
-            Layer::Sorted(map) => (None, Some(map.iter())),
-        };
-        hashed
-            .into_iter()
-            .flatten()
-            .chain(sorted.into_iter().flatten())
+        match self {
+            Layer::Hashed(map) => one_of(Some(map.iter()), None),
+            Layer::Sorted(map) => one_of(None, Some(map.iter())),
+        }
     }
 
     /// Every entry in key order; a hashed layer's are sorted for the
@@ -102,28 +98,32 @@ impl<V> Layer<V> {
     }
 
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        let (hashed, sorted) = match self {
-            Layer::Hashed(map) => (Some(map.values_mut()), None),
-            Layer::Sorted(map) => (None, Some(map.values_mut())),
-        };
-        hashed
-            .into_iter()
-            .flatten()
-            .chain(sorted.into_iter().flatten())
+        match self {
+            Layer::Hashed(map) => one_of(Some(map.values_mut()), None),
+            Layer::Sorted(map) => one_of(None, Some(map.values_mut())),
+        }
     }
 
     /// Takes every entry out, leaving the layer empty (a hashed one with
     /// its capacity).
     pub fn drain(&mut self) -> impl Iterator<Item = (Vec<u8>, V)> + '_ {
-        let (hashed, sorted) = match self {
-            Layer::Hashed(map) => (Some(map.drain()), None),
-            Layer::Sorted(map) => (None, Some(std::mem::take(map).into_iter())),
-        };
-        hashed
-            .into_iter()
-            .flatten()
-            .chain(sorted.into_iter().flatten())
+        match self {
+            Layer::Hashed(map) => one_of(Some(map.drain()), None),
+            Layer::Sorted(map) => one_of(None, Some(std::mem::take(map).into_iter())),
+        }
     }
+}
+
+/// Whichever of a hashed and a sorted map's iterators is there, as one
+/// iterator type.
+fn one_of<T>(
+    hashed: Option<impl Iterator<Item = T>>,
+    sorted: Option<impl Iterator<Item = T>>,
+) -> impl Iterator<Item = T> {
+    hashed
+        .into_iter()
+        .flatten()
+        .chain(sorted.into_iter().flatten())
 }
 
 #[cfg(test)]
