@@ -157,13 +157,14 @@ impl Pipeline {
         )?;
         let memory_limit = usize::try_from(self.args.state_memory_limit.saturating_mul(1 << 20))
             .unwrap_or(usize::MAX);
+        let processing_threads = self.args.stream_threads * self.stages.len();
         let mut env = ServiceEnv {
             application_id: self.args.application_id_or(self.service),
             runtime: runtime.handle().clone(),
             client_config,
             admin,
             metrics: Arc::new(Metrics::default()),
-            state_resources: StateResources::new(memory_limit),
+            state_resources: StateResources::new(memory_limit, processing_threads),
             shutdown: Arc::new(AtomicBool::new(false)),
             link_writers: HashMap::new(),
             args: self.args,

@@ -41,8 +41,9 @@ pub(crate) struct JobPool {
 }
 
 impl JobPool {
-    /// A pool of `workers` threads; with 0, jobs run inline.
-    pub fn new(workers: usize) -> Self {
+    /// A pool of `workers` threads called `<name>-<index>`; with 0, jobs
+    /// run inline.
+    pub fn new(name: &str, workers: usize) -> Self {
         if workers == 0 {
             return JobPool {
                 sender: None,
@@ -55,7 +56,7 @@ impl JobPool {
             .map(|index| {
                 let receiver = receiver.clone();
                 std::thread::Builder::new()
-                    .name(format!("job-worker-{index}"))
+                    .name(format!("{name}-{index}"))
                     .spawn(move || loop {
                         let work = receiver.lock().unwrap().recv();
                         match work {
@@ -74,9 +75,15 @@ impl JobPool {
 
     /// Starts `job` and returns where its result will arrive.
     pub fn start<P: Processor>(&self, job: Job<P>) -> Pending<P> {
+        self.run(job)
+    }
+
+    /// Runs `work` on a worker (at once, here, without workers) and returns
+    /// where its result will arrive.
+    pub fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Receiver<T> {
         let (done, result) = mpsc::channel();
         let work = move || {
-            let _ = done.send(job());
+            let _ = done.send(work());
         };
         match &self.sender {
             Some(sender) => {
@@ -137,7 +144,7 @@ mod tests {
 
     #[test]
     fn jobs_run_concurrently_and_results_arrive_per_job() {
-        let pool = JobPool::new(3);
+        let pool = JobPool::new("job-worker", 3);
         let finished = Arc::new(Mutex::new(Vec::new()));
         let pending: Vec<_> = (0..3)
             .map(|value| pool.start(job(value, finished.clone())))
@@ -155,7 +162,7 @@ mod tests {
 
     #[test]
     fn without_workers_a_job_runs_inline() {
-        let pool = JobPool::new(0);
+        let pool = JobPool::new("job-worker", 0);
         let finished = Arc::new(Mutex::new(Vec::new()));
         let result = pool.start(job(1, finished.clone()));
         assert_eq!(*finished.lock().unwrap(), vec![1]);

@@ -433,7 +433,7 @@ impl<P: Processor> Context<'_, P> {
         change: impl FnOnce(&mut Option<T>) -> R,
     ) -> anyhow::Result<R>
     where
-        T: Serialize + DeserializeOwned + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
         let store = self.index(state.name);
         self.store.update(store, key.as_bytes(), change)

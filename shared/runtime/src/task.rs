@@ -349,7 +349,7 @@ impl<P: Processor> Task<P> {
         self.buffers.iter_mut().for_each(VecDeque::clear);
         self.waiting_since.fill(None);
         self.announced = None;
-        self.store.discard_uncommitted();
+        self.store.discard_uncommitted()?;
         self.counters.clear();
         self.load(now)
     }

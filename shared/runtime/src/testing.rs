@@ -507,7 +507,8 @@ pub(crate) fn driver_stage<P: Processor>(
         engine,
         dir: env.dir.join(&application_id),
         partitions,
-        resources: StateResources::new(64 << 20),
+        // Writes at once, on the driver's thread: runs stay deterministic.
+        resources: StateResources::new(64 << 20, 0),
     };
     stage.open_tasks()?;
     Ok(Box::new(stage))

@@ -228,7 +228,7 @@ impl<P: Processor> Engine<P> {
             ..EngineCounters::default()
         };
         let last_commit = parts.clock.now().instant;
-        let jobs = JobPool::new(parts.settings.job_workers);
+        let jobs = JobPool::new("job-worker", parts.settings.job_workers);
         Engine {
             jobs,
             settings: parts.settings,

@@ -10,9 +10,13 @@
 //! is about in Kafka Streams).
 //!
 //! A commit seals the overlay and opens a fresh one: processing goes on
-//! into the new overlay while the sealed changes are being committed, and
-//! reads see the new overlay, then the sealed one, then RocksDB. Only one
-//! commit is in flight at a time, so two layers are enough.
+//! into the new overlay while the sealed changes are being committed. Once
+//! committed, they are written to RocksDB by a state writer thread (see
+//! [`StateResources`]) while processing goes on again: until that write is
+//! done they stay readable as the applying layer. Reads see the overlay,
+//! then the sealed layer, then the applying one, then RocksDB. Only one
+//! commit is in flight and one written at a time, so three layers are
+//! enough.
 //!
 //! A layer is a hash map until its store is first scanned, sorted from then
 //! on (see [`super::layer`]). A value changed in place
@@ -21,16 +25,18 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use super::codec::{decode_value, encode_value};
 use super::layer::Layer;
-use std::path::{Path, PathBuf};
+use crate::jobs::JobPool;
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options,
@@ -45,12 +51,14 @@ const DEFAULT_FAMILY: &str = "default";
 /// State memory shared by every task of the process: one RocksDB block
 /// cache, with memtables charged to it, and the tasks' read caches, so the
 /// whole process stays under one budget however many stores and tasks it has
-/// (a Kafka Streams pain point).
+/// (a Kafka Streams pain point). And the threads that write committed
+/// changes to RocksDB.
 #[derive(Clone)]
 pub struct StateResources {
     cache: Cache,
     write_buffers: WriteBufferManager,
     read_caches: Arc<ReadCacheBudget>,
+    writers: Arc<JobPool>,
 }
 
 /// The read caches' share of the budget, split evenly among open tasks.
@@ -65,7 +73,11 @@ impl StateResources {
     /// 8 MiB a generation for one task at the default limit, about the
     /// 32 768 entries of ~200 bytes they held before they were counted in
     /// bytes), the rest for RocksDB.
-    pub fn new(limit_bytes: usize) -> Self {
+    ///
+    /// `writers` threads write committed changes to RocksDB, one per
+    /// processing thread is enough (each task has one write at a time); with
+    /// none, each write is done at once on the processing thread.
+    pub fn new(limit_bytes: usize, writers: usize) -> Self {
         let read_cache_bytes = limit_bytes / 16;
         let rocksdb_bytes = limit_bytes - read_cache_bytes;
         let cache = Cache::new_lru_cache(rocksdb_bytes);
@@ -81,6 +93,7 @@ impl StateResources {
                 bytes: read_cache_bytes,
                 tasks: AtomicUsize::new(0),
             }),
+            writers: Arc::new(JobPool::new("state-writer", writers)),
         }
     }
 
@@ -153,13 +166,13 @@ impl Change {
 }
 
 /// A decoded state value: encodable at the seal, and recoverable as its type.
-pub trait StateValue: Any + Send {
+pub trait StateValue: Any + Send + Sync {
     fn encode(&self) -> anyhow::Result<Vec<u8>>;
     fn as_any(&self) -> &dyn Any;
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
-impl<T: Serialize + Any + Send> StateValue for T {
+impl<T: Serialize + Any + Send + Sync> StateValue for T {
     fn encode(&self) -> anyhow::Result<Vec<u8>> {
         encode_value(self)
     }
@@ -244,14 +257,29 @@ impl Drop for ReadCache {
 
 /// The state of one task: named stores in one RocksDB, plus the overlay.
 pub struct TaskStore {
-    db: DB,
+    db: Arc<DB>,
     path: PathBuf,
-    names: Vec<String>,
+    names: Arc<[String]>,
     /// Changes since the last seal, per store.
     overlay: Vec<Changes>,
     /// Changes of the commit in flight, per store.
     sealed: Vec<Changes>,
+    /// Committed changes being written to RocksDB.
+    applying: Option<Applying>,
+    /// The layers of the last write, emptied, for the next overlay (they
+    /// keep their capacity: two sets of layers take turns).
+    spare: Option<Vec<Changes>>,
     cache: ReadCache,
+    writers: Arc<JobPool>,
+}
+
+/// A commit's changes on their way into RocksDB, shared with the writer
+/// until it is done.
+struct Applying {
+    changes: Arc<Vec<Changes>>,
+    /// The changelog offset each changed store reaches with them.
+    checkpoints: Vec<(StoreIndex, i64)>,
+    written: Receiver<anyhow::Result<()>>,
 }
 
 /// Changelog records being restored into a [`TaskStore`], written to
@@ -311,7 +339,7 @@ impl TaskStore {
             db.drop_cf(name)?;
             tracing::info!(path = %path.display(), store = %name, "dropped a store no longer used");
         }
-        Ok(Self::with_db(db, path, names, resources))
+        Ok(Self::with_db(Arc::new(db), path, names, resources))
     }
 
     /// Opens like [`TaskStore::open`], waiting up to `patience` while the
@@ -347,14 +375,17 @@ impl TaskStore {
         }
     }
 
-    fn with_db(db: DB, path: &Path, names: &[String], resources: &StateResources) -> Self {
+    fn with_db(db: Arc<DB>, path: &Path, names: &[String], resources: &StateResources) -> Self {
         TaskStore {
             db,
             path: path.to_path_buf(),
-            names: names.to_vec(),
-            overlay: (0..names.len()).map(|_| Changes::default()).collect(),
-            sealed: (0..names.len()).map(|_| Changes::default()).collect(),
+            names: names.into(),
+            overlay: empty_layers(names.len()),
+            sealed: empty_layers(names.len()),
+            applying: None,
+            spare: None,
             cache: ReadCache::new(names.len(), resources.read_caches.clone()),
+            writers: resources.writers.clone(),
         }
     }
 
@@ -374,14 +405,12 @@ impl TaskStore {
     }
 
     fn family(&self, store: StoreIndex) -> &rocksdb::ColumnFamily {
-        self.db
-            .cf_handle(&self.names[store])
-            .expect("every store has a column family")
+        family(&self.db, &self.names[store])
     }
 
     /// Calls `read` with the current value of `key`, if there is one:
-    /// uncommitted changes first (newest layer first), then the read cache,
-    /// then RocksDB.
+    /// changes not in RocksDB yet first (newest layer first), then the read
+    /// cache, then RocksDB.
     pub fn read<R>(
         &mut self,
         store: StoreIndex,
@@ -394,8 +423,8 @@ impl TaskStore {
         }
     }
 
-    /// [`Self::read`] below the current overlay: the sealed changes, then
-    /// the read cache, then RocksDB.
+    /// [`Self::read`] below the current overlay: the sealed changes, those
+    /// being written, then the read cache, then RocksDB.
     fn read_committed_or_sealed<R>(
         &mut self,
         store: StoreIndex,
@@ -403,6 +432,9 @@ impl TaskStore {
         read: impl FnOnce(&[u8]) -> R,
     ) -> anyhow::Result<Option<R>> {
         if let Some(change) = self.sealed[store].get(key) {
+            return Ok(change.sealed().map(read));
+        }
+        if let Some(change) = (self.applying.as_ref()).and_then(|a| a.changes[store].get(key)) {
             return Ok(change.sealed().map(read));
         }
         if let Some(cached) = self.cache.get(store, key) {
@@ -438,7 +470,7 @@ impl TaskStore {
         change: impl FnOnce(&mut Option<T>) -> R,
     ) -> anyhow::Result<R>
     where
-        T: Serialize + DeserializeOwned + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
         if let Some(slot) = self.overlay[store].get_mut(key) {
             // An error leaves the slot as it was.
@@ -475,12 +507,14 @@ impl TaskStore {
     }
 
     /// All entries whose key starts with `prefix`, in key order, uncommitted
-    /// changes included. The store's layers are sorted for good.
+    /// changes included. The store's layers are sorted for good. Waits for
+    /// the write in flight, if any: a scan reads RocksDB.
     pub fn scan_prefix(
         &mut self,
         store: StoreIndex,
         prefix: &[u8],
     ) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.finish_applying()?;
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         // The upper bound lets RocksDB stop at the prefix's end instead of
         // stepping over the tombstones of every deleted key after it.
@@ -519,12 +553,15 @@ impl TaskStore {
     }
 
     /// Seals the changes made so far for a commit; later changes go to a
-    /// fresh overlay. The previous commit must have been applied or
-    /// discarded.
+    /// fresh overlay. The previous commit must have been handed to
+    /// [`Self::apply_sealed`] or discarded.
     ///
     /// Values kept decoded are encoded here, once; should one fail, the
     /// overlay stays as it is (some values encoded, which reads the same).
     pub fn seal(&mut self) -> anyhow::Result<()> {
+        // The last commit's write has had a commit interval; its layers go
+        // now, so that at most two commits' changes are held at a time.
+        self.finish_applying()?;
         debug_assert!(
             self.sealed.iter().all(Changes::is_empty),
             "one commit in flight at a time"
@@ -536,11 +573,10 @@ impl TaskStore {
                 }
             }
         }
-        // The emptied layer of the last commit, capacity and all, takes
-        // the next changes.
-        for (overlay, sealed) in self.overlay.iter_mut().zip(&mut self.sealed) {
-            std::mem::swap(overlay, sealed);
-        }
+        // The emptied layers of the last write, capacity and all, take the
+        // next changes.
+        let fresh = (self.spare.take()).unwrap_or_else(|| empty_layers(self.names.len()));
+        self.sealed = std::mem::replace(&mut self.overlay, fresh);
         Ok(())
     }
 
@@ -551,45 +587,58 @@ impl TaskStore {
             .map(|(key, change)| (key.as_slice(), change.sealed()))
     }
 
-    /// Applies the sealed changes to RocksDB in one batch, with the changelog
-    /// offset each changed store has reached, and clears them.
+    /// Hands the sealed (now committed) changes to a state writer, which
+    /// writes them to RocksDB in one batch with the changelog offset each
+    /// changed store has reached. Until then they are read from memory.
     pub fn apply_sealed(&mut self, checkpoints: &[(StoreIndex, i64)]) -> anyhow::Result<()> {
-        let mut batch = WriteBatch::default();
-        for (store, changes) in self.sealed.iter().enumerate() {
-            let family = self.family(store);
-            // In key order: RocksDB's memtable resumes each insert's search
-            // where the last one ended (measured: its skip-list search 5.5 %
-            // of the sessionizer's thread in hash order, 2 % sorted).
-            for (key, change) in changes.in_key_order() {
-                match change.sealed() {
-                    Some(value) => batch.put_cf(family, key, value),
-                    None => batch.delete_cf(family, key),
-                }
-            }
-        }
-        let checkpoint_family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
-        for (store, offset) in checkpoints {
-            batch.put_cf(
-                checkpoint_family,
-                self.names[*store].as_bytes(),
-                offset.to_be_bytes(),
-            );
-        }
-        self.db.write(batch)?;
-        // What was just written is what will be read next: keep it cached.
-        for (store, changes) in self.sealed.iter_mut().enumerate() {
-            for (key, change) in changes.drain() {
+        self.finish_applying()?;
+        let sealed = std::mem::replace(&mut self.sealed, empty_layers(self.names.len()));
+        let changes = Arc::new(sealed);
+        let checkpoints = checkpoints.to_vec();
+        let written = self.writers.run({
+            let (db, names) = (self.db.clone(), self.names.clone());
+            let (changes, checkpoints) = (changes.clone(), checkpoints.clone());
+            // The closure, and its share of the changes, is gone by the time
+            // its result is sent: the changes come back to the task whole.
+            move || write_changes(&db, &names, &changes, &checkpoints)
+        });
+        self.applying = Some(Applying {
+            changes,
+            checkpoints,
+            written,
+        });
+        Ok(())
+    }
+
+    /// Waits for the write in flight, if any, and empties its layers into
+    /// the read cache (what was just written is what will be read next),
+    /// keeping them as spares.
+    fn finish_applying(&mut self) -> anyhow::Result<()> {
+        let Some(applying) = self.applying.take() else {
+            return Ok(());
+        };
+        let written = applying
+            .written
+            .recv()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the state writer stopped")));
+        written.map_err(|e| e.context(format!("writing state to {}", self.path.display())))?;
+        let mut changes =
+            Arc::into_inner(applying.changes).expect("the writer has let go of the changes");
+        for (store, layer) in changes.iter_mut().enumerate() {
+            for (key, change) in layer.drain() {
                 self.cache.insert(store, key, change.into_sealed());
             }
         }
+        self.spare = Some(changes);
         Ok(())
     }
 
     /// Drops every uncommitted change, sealed or not: the task is back at
-    /// its last commit.
-    pub fn discard_uncommitted(&mut self) {
+    /// its last commit, which is in RocksDB once this returns.
+    pub fn discard_uncommitted(&mut self) -> anyhow::Result<()> {
         self.overlay.iter_mut().for_each(Changes::clear);
         self.sealed.iter_mut().for_each(Changes::clear);
+        self.finish_applying()
     }
 
     /// Whether any store has changes not yet sealed for a commit.
@@ -597,8 +646,13 @@ impl TaskStore {
         self.overlay.iter().any(|overlay| !overlay.is_empty())
     }
 
-    /// The last changelog offset applied locally for `store`, if any.
+    /// The last changelog offset applied locally for `store` (or being
+    /// applied), if any.
     pub fn checkpoint(&self, store: StoreIndex) -> anyhow::Result<Option<i64>> {
+        let mut applying = self.applying.iter().flat_map(|a| &a.checkpoints);
+        if let Some((_, offset)) = applying.find(|(s, _)| *s == store) {
+            return Ok(Some(*offset));
+        }
         let family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
         let value = self
             .db
@@ -636,6 +690,7 @@ impl TaskStore {
     /// with the offsets they reach. Used only while the task is restoring
     /// (nothing uncommitted).
     pub fn write_restored(&mut self, batch: RestoreBatch) -> anyhow::Result<()> {
+        self.finish_applying()?;
         let RestoreBatch {
             mut batch,
             checkpoints,
@@ -665,6 +720,7 @@ impl TaskStore {
         mut visit: impl FnMut(&[u8], &[u8]) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         debug_assert!(self.overlay[store].is_empty() && self.sealed[store].is_empty());
+        debug_assert!(self.applying.is_none());
         let mut iterator = self.db.raw_iterator_cf(self.family(store));
         iterator.seek_to_first();
         while let (Some(key), Some(value)) = (iterator.key(), iterator.value()) {
@@ -707,6 +763,56 @@ impl TaskStore {
     }
 }
 
+impl Drop for TaskStore {
+    /// Waits for the write in flight, so that the database is closed (and
+    /// unlocked for its next owner) when the store is.
+    fn drop(&mut self) {
+        if let Err(error) = self.finish_applying() {
+            tracing::error!(error = format!("{error:#}"), "the last commit's state was not written locally; it is restored from the changelog on the next start");
+        }
+    }
+}
+
+fn empty_layers(stores: usize) -> Vec<Changes> {
+    (0..stores).map(|_| Changes::default()).collect()
+}
+
+fn family<'db>(db: &'db DB, name: &str) -> &'db rocksdb::ColumnFamily {
+    db.cf_handle(name).expect("every store has a column family")
+}
+
+/// Writes a commit's `changes` to RocksDB in one batch, with the changelog
+/// offsets they reach, so that local state and its checkpoints move together.
+fn write_changes(
+    db: &DB,
+    names: &[String],
+    changes: &[Changes],
+    checkpoints: &[(StoreIndex, i64)],
+) -> anyhow::Result<()> {
+    let mut batch = WriteBatch::default();
+    for (store, changes) in changes.iter().enumerate() {
+        let family = family(db, &names[store]);
+        // In key order: RocksDB's memtable resumes each insert's search
+        // where the last one ended (measured: its skip-list search 5.5 %
+        // of the sessionizer's thread in hash order, 2 % sorted).
+        for (key, change) in changes.in_key_order() {
+            match change.sealed() {
+                Some(value) => batch.put_cf(family, key, value),
+                None => batch.delete_cf(family, key),
+            }
+        }
+    }
+    let checkpoint_family = family(db, CHECKPOINTS);
+    for (store, offset) in checkpoints {
+        batch.put_cf(
+            checkpoint_family,
+            names[*store].as_bytes(),
+            offset.to_be_bytes(),
+        );
+    }
+    Ok(db.write(batch)?)
+}
+
 /// The smallest key after every key that starts with `prefix`, if any.
 fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
@@ -732,6 +838,10 @@ mod tests {
     }
 
     fn temp_store(names: &[&str]) -> (TaskStore, PathBuf) {
+        temp_store_with(names, &StateResources::new(8 << 20, 1))
+    }
+
+    fn temp_store_with(names: &[&str], resources: &StateResources) -> (TaskStore, PathBuf) {
         let dir = std::env::temp_dir().join(format!(
             "task-store-test-{}-{}",
             std::process::id(),
@@ -741,7 +851,7 @@ mod tests {
                 .as_nanos()
         ));
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let store = TaskStore::open(&dir, &names, &StateResources::new(8 << 20)).unwrap();
+        let store = TaskStore::open(&dir, &names, resources).unwrap();
         (store, dir)
     }
 
@@ -749,7 +859,7 @@ mod tests {
     fn a_store_locked_by_another_handle_opens_once_that_one_is_closed() {
         let (store, dir) = temp_store(&["a"]);
         let names = store.names().to_vec();
-        let resources = StateResources::new(8 << 20);
+        let resources = StateResources::new(8 << 20, 1);
         let refused = TaskStore::open(&dir, &names, &resources)
             .err()
             .expect("locked");
@@ -795,7 +905,7 @@ mod tests {
         store.seal().unwrap();
         store.apply_sealed(&[(0, 7), (1, 9)]).unwrap();
         drop(store);
-        let resources = StateResources::new(8 << 20);
+        let resources = StateResources::new(8 << 20, 1);
         let mut reopened = TaskStore::open(&dir, &["kept".to_string()], &resources).unwrap();
         assert_eq!(
             reopened.read(0, b"k", |v| v.to_vec()).unwrap(),
@@ -817,6 +927,54 @@ mod tests {
     }
 
     #[test]
+    fn a_commit_is_read_from_memory_until_its_write_is_done() {
+        let resources = StateResources::new(8 << 20, 1);
+        let (mut store, dir) = temp_store_with(&["a"], &resources);
+        let in_rocksdb =
+            |store: &TaskStore, key: &[u8]| store.db.get_cf(store.family(0), key).unwrap();
+        // The only writer is busy until told: the commit's write waits.
+        let (release, busy) = std::sync::mpsc::channel::<()>();
+        let _busy = resources.writers.run(move || busy.recv());
+        store.put(0, b"k".to_vec(), b"1".to_vec());
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 7)]).unwrap();
+        assert_eq!(in_rocksdb(&store, b"k"), None, "not written yet");
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"1".to_vec())
+        );
+        assert_eq!(store.checkpoint(0).unwrap(), Some(7));
+        release.send(()).unwrap();
+        // The next seal waits for the write.
+        store.put(0, b"k".to_vec(), b"2".to_vec());
+        store.seal().unwrap();
+        assert_eq!(in_rocksdb(&store, b"k"), Some(b"1".to_vec()));
+        assert_eq!(store.checkpoint(0).unwrap(), Some(7));
+        // So does a rollback, which keeps what is committed.
+        store.apply_sealed(&[(0, 8)]).unwrap();
+        store.put(0, b"k".to_vec(), b"3".to_vec());
+        store.discard_uncommitted().unwrap();
+        assert_eq!(in_rocksdb(&store, b"k"), Some(b"2".to_vec()));
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"2".to_vec())
+        );
+        // Closing waits too: a write in flight is in the database reopened.
+        store.put(0, b"k".to_vec(), b"4".to_vec());
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 9)]).unwrap();
+        drop(store);
+        let mut reopened = TaskStore::open(&dir, &["a".to_string()], &resources).unwrap();
+        assert_eq!(
+            reopened.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"4".to_vec())
+        );
+        assert_eq!(reopened.checkpoint(0).unwrap(), Some(9));
+        drop(reopened);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn uncommitted_layers_shadow_rocksdb_until_applied_or_discarded() {
         let (mut store, dir) = temp_store(&["a"]);
         store.put(0, b"k".to_vec(), b"1".to_vec());
@@ -834,7 +992,7 @@ mod tests {
             Some(b"3".to_vec()),
             "changes after the seal shadow the sealed ones"
         );
-        store.discard_uncommitted();
+        store.discard_uncommitted().unwrap();
         assert_eq!(
             store.read(0, b"k", |v| v.to_vec()).unwrap(),
             Some(b"1".to_vec())
