@@ -14,7 +14,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use crate::state::store::TaskStore;
 
 /// Records written to RocksDB per batch while restoring.
-const RESTORE_BATCH: usize = 10_000;
+const RESTORE_BATCH: usize = 50_000;
 /// How long a restore waits without progress before taking the end as reached
 /// (transaction markers and aborted records at the tail are never delivered).
 const IDLE_END: Duration = Duration::from_secs(2);

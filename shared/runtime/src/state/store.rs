@@ -25,6 +25,7 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
@@ -283,16 +284,63 @@ struct Applying {
 }
 
 /// Changelog records being restored into a [`TaskStore`], written to
-/// RocksDB together with the changelog offset each store reaches.
+/// RocksDB in key order, together with the changelog offset each store
+/// reaches.
+///
+/// In key order because a memtable insert resumes its search where the
+/// last one ended: in changelog order (keys at random) each insert searched
+/// the skip list from the top, a third of a restore's time (measured).
 pub struct RestoreBatch {
-    batch: WriteBatch,
+    records: Vec<Restored>,
+    /// Every record's key and value bytes, one after the other.
+    bytes: Vec<u8>,
     checkpoints: Vec<Option<i64>>,
+}
+
+/// A restored record: its store, and where its key and value (none for a
+/// tombstone) are in the batch's bytes.
+struct Restored {
+    store: StoreIndex,
+    key: Range<usize>,
+    value: Option<Range<usize>>,
 }
 
 impl RestoreBatch {
     /// Records in the batch.
     pub fn records(&self) -> usize {
-        self.batch.len()
+        self.records.len()
+    }
+
+    fn push(&mut self, store: StoreIndex, key: &[u8], value: Option<&[u8]>) {
+        let mut store_bytes = |bytes: &[u8]| {
+            let start = self.bytes.len();
+            self.bytes.extend_from_slice(bytes);
+            start..self.bytes.len()
+        };
+        let key = store_bytes(key);
+        let value = value.map(store_bytes);
+        self.records.push(Restored { store, key, value });
+    }
+
+    /// The records as (store, key, value) in key order (by store, then
+    /// key), only the last of a key's records in the batch: the state they
+    /// leave.
+    fn in_key_order(&mut self) -> impl Iterator<Item = (StoreIndex, &[u8], Option<&[u8]>)> {
+        let bytes = &self.bytes;
+        let sort_key = |record: &Restored| (record.store, &bytes[record.key.clone()]);
+        // Stable: a key's records stay in changelog order.
+        self.records.sort_by(|a, b| sort_key(a).cmp(&sort_key(b)));
+        let records = &self.records;
+        records
+            .iter()
+            .enumerate()
+            .filter_map(move |(index, record)| {
+                let superseded = records
+                    .get(index + 1)
+                    .is_some_and(|next| sort_key(next) == sort_key(record));
+                let value = record.value.clone().map(|value| &bytes[value]);
+                (!superseded).then_some((record.store, &bytes[record.key.clone()], value))
+            })
     }
 }
 
@@ -663,7 +711,8 @@ impl TaskStore {
     /// An empty batch of restored changelog records for this store.
     pub fn restore_batch(&self) -> RestoreBatch {
         RestoreBatch {
-            batch: WriteBatch::default(),
+            records: Vec::new(),
+            bytes: Vec::new(),
             checkpoints: vec![None; self.names.len()],
         }
     }
@@ -678,25 +727,25 @@ impl TaskStore {
         key: &[u8],
         value: Option<&[u8]>,
     ) {
-        let family = self.family(store);
-        match value {
-            Some(value) => batch.batch.put_cf(family, key, value),
-            None => batch.batch.delete_cf(family, key),
-        }
+        batch.push(store, key, value);
         batch.checkpoints[store] = Some(offset);
     }
 
     /// Writes restored changelog records straight to RocksDB, in one write
     /// with the offsets they reach. Used only while the task is restoring
     /// (nothing uncommitted).
-    pub fn write_restored(&mut self, batch: RestoreBatch) -> anyhow::Result<()> {
+    pub fn write_restored(&mut self, mut restored: RestoreBatch) -> anyhow::Result<()> {
         self.finish_applying()?;
-        let RestoreBatch {
-            mut batch,
-            checkpoints,
-        } = batch;
-        let checkpoint_family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
-        for (store, offset) in checkpoints.iter().enumerate() {
+        let families: Vec<_> = (0..self.names.len()).map(|s| self.family(s)).collect();
+        let mut batch = WriteBatch::default();
+        for (store, key, value) in restored.in_key_order() {
+            match value {
+                Some(value) => batch.put_cf(families[store], key, value),
+                None => batch.delete_cf(families[store], key),
+            }
+        }
+        let checkpoint_family = family(&self.db, CHECKPOINTS);
+        for (store, offset) in restored.checkpoints.iter().enumerate() {
             if let Some(offset) = offset {
                 batch.put_cf(
                     checkpoint_family,
@@ -971,6 +1020,45 @@ mod tests {
         );
         assert_eq!(reopened.checkpoint(0).unwrap(), Some(9));
         drop(reopened);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_restored_batch_leaves_each_key_as_its_last_changelog_record_says() {
+        let (mut store, dir) = temp_store(&["a", "b"]);
+        store.put(0, b"gone".to_vec(), b"old".to_vec());
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 1)]).unwrap();
+        let mut batch = store.restore_batch();
+        let records: [(StoreIndex, &[u8], _); 7] = [
+            (0, b"k2", Some(&b"first"[..])),
+            (1, b"k1", Some(b"in b")),
+            (0, b"k1", Some(b"one")),
+            (0, b"gone", None),
+            (0, b"k2", Some(b"second")),
+            (0, b"k3", Some(b"put")),
+            (0, b"k3", None),
+        ];
+        for (offset, (store_index, key, value)) in records.into_iter().enumerate() {
+            store.stage_restored(&mut batch, store_index, 10 + offset as i64, key, value);
+        }
+        assert_eq!(batch.records(), 7);
+        store.write_restored(batch).unwrap();
+        let mut read = |store_index: StoreIndex, key: &[u8]| {
+            store.read(store_index, key, |v| v.to_vec()).unwrap()
+        };
+        assert_eq!(read(0, b"k1"), Some(b"one".to_vec()));
+        assert_eq!(
+            read(0, b"k2"),
+            Some(b"second".to_vec()),
+            "the later record wins"
+        );
+        assert_eq!(read(0, b"k3"), None, "a tombstone after a put deletes");
+        assert_eq!(read(0, b"gone"), None);
+        assert_eq!(read(1, b"k1"), Some(b"in b".to_vec()));
+        assert_eq!(store.checkpoint(0).unwrap(), Some(16));
+        assert_eq!(store.checkpoint(1).unwrap(), Some(11));
+        drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
