@@ -46,6 +46,29 @@ pub fn service_main<S: Parser>(build: fn(S) -> anyhow::Result<Pipeline>) -> Exit
     }
 }
 
+/// Caps glibc's malloc arenas at one per processing thread, before any
+/// thread starts, unless `MALLOC_ARENA_MAX` says otherwise.
+///
+/// Rust code allocates with mimalloc; glibc serves librdkafka and RocksDB.
+/// glibc gives threads that allocate at once their own arenas (up to eight
+/// per core), and memory freed in one arena serves only that arena: the
+/// state writer's memtable inserts and the processing thread's block-cache
+/// reads then each kept their own high-water mark. Measured (joiner, 1M
+/// records): peak RSS 383-435 -> 370-408 MiB, the others 1-3 MiB less,
+/// records/s unchanged within the noise.
+fn limit_malloc_arenas(processing_threads: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        let arenas = libc::c_int::try_from(processing_threads.max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only sets a parameter of the allocator.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = processing_threads;
+}
+
 /// Sets up logging in the chosen format; `RUST_LOG` filters (default `info`).
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -145,6 +168,8 @@ impl Pipeline {
 
     fn run_stages(self) -> anyhow::Result<()> {
         self.args.check()?;
+        let processing_threads = self.args.stream_threads * self.stages.len();
+        limit_malloc_arenas(processing_threads);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -157,7 +182,6 @@ impl Pipeline {
         )?;
         let memory_limit = usize::try_from(self.args.state_memory_limit.saturating_mul(1 << 20))
             .unwrap_or(usize::MAX);
-        let processing_threads = self.args.stream_threads * self.stages.len();
         let mut env = ServiceEnv {
             application_id: self.args.application_id_or(self.service),
             runtime: runtime.handle().clone(),
