@@ -40,10 +40,11 @@ pub const COMMIT_SECONDS: &str = "streams_commit_duration_seconds_total";
 /// Seconds the processing thread spent in each phase of its loop, by
 /// `phase`: `poll` (waiting for records), `process` (decoding, processing,
 /// handing records to the producer), `commit_prepare` (changelog records,
-/// announcements), `commit_flush` (waiting for every record's
+/// announcements, and waiting for the last commit's state write if it is
+/// still running), `commit_flush` (waiting for every record's
 /// acknowledgement), `commit_offsets` (`send_offsets_to_transaction` or the
-/// offset commit), `commit_transaction`, `commit_apply` (writing the overlay
-/// to RocksDB).
+/// offset commit), `commit_transaction`, `commit_apply` (handing the
+/// committed changes to a state writer).
 pub const PHASE_SECONDS: &str = "streams_thread_phase_seconds_total";
 /// Tasks of which this instance holds only some partitions (an incremental
 /// rebalance in progress, or an assignor that split them): they do not
