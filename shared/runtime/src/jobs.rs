@@ -19,7 +19,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::processor::{Context, Processor};
+use crate::processor::Context;
 
 /// What a job gives back: the code that applies its result on the
 /// processing thread.
@@ -73,13 +73,8 @@ impl JobPool {
         }
     }
 
-    /// Starts `job` and returns where its result will arrive.
-    pub fn start<P: Processor>(&self, job: Job<P>) -> Pending<P> {
-        self.run(job)
-    }
-
-    /// Runs `work` on a worker (at once, here, without workers) and returns
-    /// where its result will arrive.
+    /// Runs `work` (a processor's [`Job`], a state write) on a worker, or at
+    /// once here without workers, and returns where its result will arrive.
     pub fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Receiver<T> {
         let (done, result) = mpsc::channel();
         let work = move || {
@@ -109,6 +104,7 @@ impl Drop for JobPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::Processor;
 
     #[derive(Clone)]
     struct Noop;
@@ -147,7 +143,7 @@ mod tests {
         let pool = JobPool::new("job-worker", 3);
         let finished = Arc::new(Mutex::new(Vec::new()));
         let pending: Vec<_> = (0..3)
-            .map(|value| pool.start(job(value, finished.clone())))
+            .map(|value| pool.run(job(value, finished.clone())))
             .collect();
         for result in pending {
             assert!(result.recv().unwrap().is_ok());
@@ -164,7 +160,7 @@ mod tests {
     fn without_workers_a_job_runs_inline() {
         let pool = JobPool::new("job-worker", 0);
         let finished = Arc::new(Mutex::new(Vec::new()));
-        let result = pool.start(job(1, finished.clone()));
+        let result = pool.run(job(1, finished.clone()));
         assert_eq!(*finished.lock().unwrap(), vec![1]);
         assert!(result.try_recv().unwrap().is_ok());
     }

@@ -486,7 +486,7 @@ impl<P: Processor> Task<P> {
         };
         let result = call(&mut self.processor, &mut ctx);
         for job in submitted {
-            self.in_flight.push_back(env.jobs.start(job));
+            self.in_flight.push_back(env.jobs.run(job));
         }
         result
     }

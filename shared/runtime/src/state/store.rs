@@ -744,16 +744,9 @@ impl TaskStore {
                 None => batch.delete_cf(families[store], key),
             }
         }
-        let checkpoint_family = family(&self.db, CHECKPOINTS);
-        for (store, offset) in restored.checkpoints.iter().enumerate() {
-            if let Some(offset) = offset {
-                batch.put_cf(
-                    checkpoint_family,
-                    self.names[store].as_bytes(),
-                    offset.to_be_bytes(),
-                );
-            }
-        }
+        let reached = restored.checkpoints.iter().enumerate();
+        let reached = reached.filter_map(|(store, offset)| offset.map(|offset| (store, offset)));
+        put_checkpoints(&mut batch, &self.db, &self.names, reached);
         self.db.write(batch)?;
         self.cache.clear();
         Ok(())
@@ -851,15 +844,25 @@ fn write_changes(
             }
         }
     }
+    put_checkpoints(&mut batch, db, names, checkpoints.iter().copied());
+    Ok(db.write(batch)?)
+}
+
+/// Adds to `batch` the changelog offset each store reaches with it.
+fn put_checkpoints(
+    batch: &mut WriteBatch,
+    db: &DB,
+    names: &[String],
+    reached: impl IntoIterator<Item = (StoreIndex, i64)>,
+) {
     let checkpoint_family = family(db, CHECKPOINTS);
-    for (store, offset) in checkpoints {
+    for (store, offset) in reached {
         batch.put_cf(
             checkpoint_family,
-            names[*store].as_bytes(),
+            names[store].as_bytes(),
             offset.to_be_bytes(),
         );
     }
-    Ok(db.write(batch)?)
 }
 
 /// The smallest key after every key that starts with `prefix`, if any.
