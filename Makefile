@@ -6,6 +6,7 @@ export CARGO_TARGET_DIR ?= /var/tmp/streams-target
 CARGO ?= cargo
 
 include deploy/local/stack.mk
+include deploy/local/cluster.mk
 
 .PHONY: help deps build test test-unit lint demo bench bench-model bench-embed bench-restore bench-failover models
 

@@ -46,15 +46,16 @@ REGISTRY_LOG="$LOGS/schema-registry.log"
 KAFKA_PID="$RUN/kafka.pid"
 REGISTRY_PID="$RUN/schema-registry.pid"
 
-log() { printf '[stack] %s\n' "$*"; }
-die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
+LOG_TAG="${LOG_TAG:-stack}"
+log() { printf '[%s] %s\n' "$LOG_TAG" "$*"; }
+die() { printf '[%s] ERROR: %s\n' "$LOG_TAG" "$*" >&2; exit 1; }
 # For startup failures: show the end of the log so CI output alone explains what went wrong.
 die_log() {
   local file="$1"; shift
   if [ -f "$file" ]; then
-    printf '[stack] ---- last lines of %s ----\n' "$file" >&2
+    printf '[%s] ---- last lines of %s ----\n' "$LOG_TAG" "$file" >&2
     tail -n 25 "$file" >&2
-    printf '[stack] ----\n' >&2
+    printf '[%s] ----\n' "$LOG_TAG" >&2
   fi
   die "$* (log: $file; anything still running can be stopped with 'stack.sh down')"
 }
@@ -425,6 +426,9 @@ lock() {
   exec 9>"$STACK_HOME/.lock"
   flock -w 120 9 || die "another stack.sh is holding $STACK_HOME/.lock"
 }
+
+# Sourced (by cluster.sh, for the helpers above): define, run nothing.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 case "${1:-}" in
   install|up|down|clean|restart-kafka) lock ;;
