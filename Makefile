@@ -19,9 +19,18 @@ deps: ## install the Debian packages the build needs (cmake, libclang, ...)
 build: deps ## build every binary (debug)
 	$(CARGO) build --workspace --bins
 
-test: build validate-deploy up models ## all tests: unit + end-to-end against the local stack (started if needed)
+test: build validate-deploy up models image-test ## all tests: unit + end-to-end against the local stack (started if needed)
 	rm -rf "$${E2E_SCRATCH_DIR:-$${TMPDIR:-/tmp}/streams-e2e}"
 	$(CARGO) test --workspace --no-fail-fast
+
+.PHONY: image image-test
+image: deps ## the release image streams-services:latest with podman, no daemon, nothing pulled (docs/deploy.md)
+	$(CARGO) build --release --bins
+	@bash deploy/image/build.sh release localhost/streams-services:latest
+
+# The container tests' image (tests/tests/container.rs): the debug binaries `build` made.
+image-test: build
+	@bash deploy/image/build.sh debug localhost/streams-services:test
 
 .PHONY: validate-deploy
 validate-deploy: build ## offline checks of deploy/: Dockerfile lint, k8s overlays, compose schema, flag drift (docs/deploy.md)
