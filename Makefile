@@ -23,10 +23,13 @@ test: build validate-deploy up models image-test ## all tests: unit + end-to-end
 	rm -rf "$${E2E_SCRATCH_DIR:-$${TMPDIR:-/tmp}/streams-e2e}"
 	$(CARGO) test --workspace --no-fail-fast
 
-.PHONY: image image-test
+.PHONY: image image-test compose-demo
 image: deps ## the release image streams-services:latest with podman, no daemon, nothing pulled (docs/deploy.md)
 	$(CARGO) build --release --bins
 	@bash deploy/image/build.sh release localhost/streams-services:latest
+
+compose-demo: image ## deploy/docker/compose.yaml up with podman-compose, the example data in, results checked (docs/deploy.md)
+	@bash deploy/image/compose-demo.sh
 
 # The container tests' image (tests/tests/container.rs): the debug binaries `build` made.
 image-test: build
