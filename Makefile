@@ -59,13 +59,13 @@ demo: build up models ## run every service on the example data (tests/fixtures) 
 
 bench: deps up ## throughput of every service on the local stack (release build; see BENCHMARKS.md)
 	$(CARGO) build --release --bins
-	@bash tests/bench/throughput.sh
+	@bash bench/throughput.sh
 
 bench-model: deps models ## embed-batcher's model vs sentence-transformers: embeddings/s and memory (release; see BENCHMARKS.md)
-	@bash services/embed-batcher/bench/model_bench.sh
+	@bash bench/embed/model_bench.sh
 
 bench-embed: deps up models ## embed-batcher end to end with the local model: articles/s in, rows/s out (release; see BENCHMARKS.md)
-	@bash services/embed-batcher/bench/e2e_bench.sh
+	@bash bench/embed/e2e_bench.sh
 
 bench-restore: deps up ## changelog restore speed of a task with ~2M changelog records (release; see BENCHMARKS.md)
 	@bash bench/restore.sh

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use rand::Rng;
 use serde_json::{json, Value};
 
-use crate::murmur2_partition;
+use crate::{assert_same_records, murmur2_partition};
 
 /// The service settings the model follows.
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +100,19 @@ pub fn per_tenant(lines: &[Value]) -> BTreeMap<String, Vec<Value>> {
         tenants.entry(tenant).or_default().push(line.clone());
     }
     tenants
+}
+
+/// Same rows, and each tenant's rows in the same order.
+pub fn assert_same_rows_per_tenant(actual: &[Value], expected: &[Value], log: &str) {
+    assert_same_records(actual, expected, log);
+    let (actual, expected) = (per_tenant(actual), per_tenant(expected));
+    for (tenant, rows) in &expected {
+        assert_eq!(
+            actual.get(tenant),
+            Some(rows),
+            "rows of {tenant} in another order"
+        );
+    }
 }
 
 /// What the model expects of some input.

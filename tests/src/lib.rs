@@ -6,7 +6,8 @@
 //! and HTTP port, so tests run in parallel against one broker.
 //!
 //! The stack is found through `KAFKA_BOOTSTRAP_SERVERS` and
-//! `SCHEMA_REGISTRY_URL` (default: the local stack of `make up`).
+//! `SCHEMA_REGISTRY_URL` (default: the local stack of `make up`), or is the
+//! secured cluster once a test calls [`cluster::use_cluster`].
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -20,7 +21,9 @@ use serde_json::Value;
 pub use serde_json::json;
 
 pub mod batches;
-pub mod driver;
+pub mod cluster;
+pub mod embedder;
+pub mod fixture_runs;
 pub mod sessions;
 pub mod windows;
 
@@ -103,10 +106,27 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// On the secured cluster, the client flags of `user` (a service binary
+/// runs as the user of its name) that `given` does not set itself; none on
+/// the local stack.
+fn stack_flags(user: &str, given: &[&str]) -> Vec<String> {
+    if !cluster::active() {
+        return Vec::new();
+    }
+    let flags = cluster::flags(user);
+    flags
+        .chunks(2)
+        .filter(|pair| !given.contains(&pair[0].as_str()))
+        .flatten()
+        .cloned()
+        .collect()
+}
+
 /// Runs `streamctl` with the stack's addresses.
 pub fn streamctl(args: &[&str]) -> Output {
     Command::new(bin("streamctl"))
         .args(args)
+        .args(stack_flags("admin", args))
         .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
         .env("SCHEMA_REGISTRY_URL", registry())
         .output()
@@ -299,6 +319,10 @@ impl Service {
             command.args(["--commit-interval", "100ms"]);
         }
         let child = command
+            .args(stack_flags(
+                binary,
+                &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            ))
             .arg("--state-dir")
             .arg(&state_dir)
             .arg("--http-addr")
@@ -369,6 +393,16 @@ impl Service {
         }
     }
 
+    /// Asserts that no commit of this instance was aborted (rolled back).
+    pub fn assert_no_aborted_commit(&self) {
+        let log = self.log();
+        assert!(
+            !log.contains("commit aborted"),
+            "a commit was aborted:\n{log}"
+        );
+        assert_eq!(self.metric("streams_commits_aborted_total"), 0.0, "{log}");
+    }
+
     /// Waits until `/readyz` answers 200.
     pub fn wait_ready(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
@@ -426,6 +460,24 @@ impl Drop for Service {
     }
 }
 
+/// A crash under a backlog: starts `binary` with `arguments` on a fresh
+/// state directory, kills it (kill -9) once it has consumed `progress`
+/// records of `topic` and committed, and starts it again on the same state,
+/// which it returns. The input should be produced beforehand, so that the
+/// restarted instance restores its tasks and then faces the rest at once.
+pub fn restart_after_kill_9_under_backlog(
+    binary: &str,
+    arguments: &[String],
+    topic: &str,
+    progress: usize,
+) -> Service {
+    let state = fresh_state_dir();
+    let first = Service::start_with_state(binary, arguments, state.clone());
+    first.wait_consumed(topic, progress, Duration::from_secs(120));
+    first.kill();
+    Service::start_with_state(binary, arguments, state)
+}
+
 /// A minimal HTTP GET; `None` when nothing answers or the status is not 200.
 pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -459,37 +511,10 @@ pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
     condition()
 }
 
-/// Kafka's murmur2 partitioner (the Java client's `Utils.murmur2` and
-/// `toPositive`), to know which partition a key lands in.
+/// The partition Kafka's producers pick for `key` (the runtime's murmur2),
+/// as an index.
 pub fn murmur2_partition(key: &[u8], partitions: usize) -> usize {
-    const SEED: u32 = 0x9747_b28c;
-    const M: u32 = 0x5bd1_e995;
-    let length = key.len();
-    let mut h = SEED ^ length as u32;
-    let chunks = key.chunks_exact(4);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-        k = k.wrapping_mul(M);
-        k ^= k >> 24;
-        k = k.wrapping_mul(M);
-        h = h.wrapping_mul(M);
-        h ^= k;
-    }
-    if tail.len() >= 3 {
-        h ^= u32::from(tail[2]) << 16;
-    }
-    if tail.len() >= 2 {
-        h ^= u32::from(tail[1]) << 8;
-    }
-    if !tail.is_empty() {
-        h ^= u32::from(tail[0]);
-        h = h.wrapping_mul(M);
-    }
-    h ^= h >> 13;
-    h = h.wrapping_mul(M);
-    h ^= h >> 15;
-    ((h & 0x7fff_ffff) as usize) % partitions
+    streams_runtime::murmur2_partition(key, partitions) as usize
 }
 
 /// Where end-to-end tests keep their files — state directories, service
@@ -601,14 +626,5 @@ mod tests {
         doubled.push(records[0].clone());
         let failure = std::panic::catch_unwind(|| assert_same_records(&doubled, &records, ""));
         assert!(failure.is_err(), "a duplicate is a difference");
-    }
-
-    #[test]
-    fn murmur2_matches_the_java_client() {
-        // Values from Kafka's own partitioner tests (Utils.murmur2 of "21").
-        assert_eq!(murmur2_partition(b"21", 1), 0);
-        let h = |key: &[u8]| murmur2_partition(key, i32::MAX as usize);
-        assert_eq!(h(b"21"), (-973_932_308i32 & 0x7fff_ffff) as usize);
-        assert_eq!(h(b"abc"), (479_470_107i32 & 0x7fff_ffff) as usize);
     }
 }

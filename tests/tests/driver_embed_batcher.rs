@@ -5,10 +5,12 @@
 //! state TTL on a manual wall clock. The driver runs embedding jobs inline,
 //! so a batch's rows are there as soon as its timer has fired.
 
+mod common;
+
 use std::time::Duration;
 
+use common::driver::{driver, lines, pipe_all, settings, settle};
 use e2e_tests::batches::{generate, model, row, without_embedding, Edit, Rules};
-use e2e_tests::driver::{driver, lines, pipe_all, settings, settle};
 use e2e_tests::{parse_jsonl, workspace};
 use embed_batcher::Settings;
 use serde_json::Value;

@@ -14,9 +14,11 @@
 //! that input delivers again (then it waits for it again); tests that rely on
 //! that say so.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 
-use e2e_tests::driver::{driver, lines, pipe_all, settings, settle};
+use common::driver::{driver, lines, pipe_all, settings, settle};
 use e2e_tests::{fixture, sorted};
 use order_shipment_joiner::processor::{ORDERS, SHIPMENTS};
 use order_shipment_joiner::Settings;
@@ -25,7 +27,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use streams_runtime::metrics;
-use streams_runtime::testing::{murmur2_partition, TestDriver};
+use streams_runtime::murmur2_partition;
+use streams_runtime::testing::TestDriver;
 
 const ORDERS_TOPIC: &str = "orders";
 const SHIPMENTS_TOPIC: &str = "shipments";

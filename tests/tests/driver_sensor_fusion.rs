@@ -3,17 +3,20 @@
 //! null readings, lateness, emission order, and many machines over four
 //! partitions against a model of the rules.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use e2e_tests::driver::{driver, lines, settings, settle};
+use common::driver::{driver, lines, settings, settle};
 use e2e_tests::{assert_same_records, fixture};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sensor_fusion::Settings;
 use serde_json::{json, Value};
 use streams_runtime::metrics;
-use streams_runtime::testing::{murmur2_partition, TestDriver};
+use streams_runtime::murmur2_partition;
+use streams_runtime::testing::TestDriver;
 
 const TEMPERATURE: &str = "temperature-readings";
 const HUMIDITY: &str = "humidity-readings";

@@ -2,9 +2,11 @@
 //! of docs/services/README.md it makes visible: timers, order of work,
 //! lateness, dead letters, stored watermarks) on the broker-free test driver.
 
+mod common;
+
 use std::time::Duration;
 
-use e2e_tests::driver::{driver, lines, pipe_all, settings, settle};
+use common::driver::{driver, lines, pipe_all, settings, settle};
 use e2e_tests::sessions::{event, generate_with, session};
 use e2e_tests::{assert_same_records, fixture};
 use rand::rngs::StdRng;
@@ -12,7 +14,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use sessionizer::Settings;
 use streams_runtime::metrics;
-use streams_runtime::testing::{murmur2_partition, TestDriver, START_EPOCH_MS};
+use streams_runtime::murmur2_partition;
+use streams_runtime::testing::{TestDriver, START_EPOCH_MS};
 
 const INPUT: &str = "user-events";
 const OUTPUT: &str = "user-sessions";

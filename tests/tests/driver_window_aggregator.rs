@@ -6,9 +6,11 @@
 //! their partials and from announcements at commit, so a test settles
 //! (advances the clock and commits) before it reads final rows.
 
+mod common;
+
 use std::time::Duration;
 
-use e2e_tests::driver::{driver, lines, pipe_all, settings, settle};
+use common::driver::{driver, lines, pipe_all, settings, settle};
 use e2e_tests::windows::{expect, generate, model, Order, WindowRules};
 use e2e_tests::{assert_same_records, fixture, murmur2_partition};
 use serde_json::{json, Value};

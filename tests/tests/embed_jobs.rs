@@ -3,84 +3,15 @@
 //! are in flight at once, and a kill -9 during embedding loses nothing and
 //! writes nothing twice.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use e2e_tests::batches::Edit;
+use e2e_tests::embedder::FakeEmbedder;
 use e2e_tests::*;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 const T: i64 = 1_783_345_153_000;
-
-/// A fake OpenAI-compatible embeddings endpoint that holds every request
-/// until released, and counts requests in flight.
-#[derive(Clone, Default)]
-struct HeldEmbedder {
-    released: Arc<AtomicBool>,
-    received: Arc<AtomicUsize>,
-    in_flight: Arc<AtomicUsize>,
-    most_in_flight: Arc<AtomicUsize>,
-}
-
-impl HeldEmbedder {
-    fn serve(&self) -> u16 {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let this = self.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let this = this.clone();
-                std::thread::spawn(move || this.answer(stream));
-            }
-        });
-        port
-    }
-
-    fn answer(&self, stream: TcpStream) -> Option<()> {
-        let mut reader = BufReader::new(stream.try_clone().ok()?);
-        let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let mut length = 0;
-        loop {
-            let mut header = String::new();
-            reader.read_line(&mut header).ok()?;
-            let header = header.trim_end().to_ascii_lowercase();
-            if header.is_empty() {
-                break;
-            }
-            if let Some(value) = header.strip_prefix("content-length:") {
-                length = value.trim().parse().ok()?;
-            }
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body).ok()?;
-        let request: Value = serde_json::from_slice(&body).ok()?;
-        self.received.fetch_add(1, Ordering::SeqCst);
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
-        while !self.released.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        let data: Vec<Value> = request["input"]
-            .as_array()?
-            .iter()
-            .enumerate()
-            .map(|(index, _)| json!({"object": "embedding", "index": index, "embedding": [0.25, 0.5]}))
-            .collect();
-        let answer = json!({"object": "list", "data": data}).to_string();
-        let mut stream = stream;
-        write!(
-            stream,
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-            answer.len()
-        )
-        .ok()
-    }
-}
 
 fn run_args(run: &SingleInputRun, port: u16, extra: &[&str]) -> Vec<String> {
     let url = format!("http://127.0.0.1:{port}");
@@ -133,7 +64,7 @@ fn doc_ids(rows: &[Value]) -> Vec<String> {
 
 #[test]
 fn batches_are_embedded_concurrently_while_records_keep_flowing() {
-    let embedder = HeldEmbedder::default();
+    let embedder = FakeEmbedder::held();
     let port = embedder.serve();
     let run = SingleInputRun::new("embed-batcher", "articles", "article-embeddings", 1);
     // A commit waits for the batches in flight (their rows and the removal
@@ -203,7 +134,7 @@ fn batches_are_embedded_concurrently_while_records_keep_flowing() {
 
 #[test]
 fn a_kill_9_during_embedding_loses_nothing_and_writes_nothing_twice() {
-    let embedder = HeldEmbedder::default();
+    let embedder = FakeEmbedder::held();
     let port = embedder.serve();
     let run = SingleInputRun::new("embed-batcher", "articles", "article-embeddings", 1);
     let arguments = run_args(&run, port, &[]);

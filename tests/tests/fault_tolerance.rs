@@ -80,11 +80,8 @@ fn wait_for_progress(service: &Service, run: &Run, count: f64) {
 /// Starts the service, kills it (SIGKILL) once it has made progress, starts
 /// it again on the same state directory and returns all output once complete.
 fn kill_and_restart(run: &Run) -> (Vec<Value>, Service) {
-    let state = fresh_state_dir();
-    let first = Service::start_with_state("sessionizer", &run.arguments, state.clone());
-    wait_for_progress(&first, run, 30_000.0);
-    first.kill();
-    let second = Service::start_with_state("sessionizer", &run.arguments, state);
+    let second =
+        restart_after_kill_9_under_backlog("sessionizer", &run.arguments, &run.input, 30_000);
     let output = wait_for_records(&run.output, run.expected.len(), Duration::from_secs(240));
     (output, second)
 }
@@ -94,6 +91,7 @@ fn kill_9_in_the_middle_then_restart_gives_exact_output() {
     let run = prepare(2, 12_000, &[]);
     let (output, service) = kill_and_restart(&run);
     assert_same_records(&output, &run.expected, &service.log());
+    service.assert_no_aborted_commit();
 }
 
 #[test]

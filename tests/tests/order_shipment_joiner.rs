@@ -265,3 +265,22 @@ fn a_long_drain_commits_as_it_goes() {
         "all {ORDERS} orders were taken in one commit (timers seen: {seen:?})"
     );
 }
+
+/// A kill -9 under a backlog: the restarted instance restores the buffered
+/// orders and shipments from the changelogs and takes the rest of both
+/// inputs at once; every pair comes out exactly once, and no commit is
+/// aborted.
+#[test]
+fn a_backlog_after_a_kill_9_comes_out_exact() {
+    let topics = topics(2);
+    let expected = produce_random_orders(&topics, 30_000);
+    let second = restart_after_kill_9_under_backlog(
+        "order-shipment-joiner",
+        &service_args(&topics, &unique("joiner")),
+        &topics.orders,
+        10_000,
+    );
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(180));
+    assert_join(&output, &expected, &second.log());
+    second.assert_no_aborted_commit();
+}

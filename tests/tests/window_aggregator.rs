@@ -140,3 +140,27 @@ fn two_instances_share_the_partial_stage_and_one_runs_the_final_task() {
         second.metrics()
     );
 }
+
+/// A kill -9 under a backlog: the restarted instance restores its windows
+/// from the changelogs and takes the rest of the input at once; every
+/// window comes out exactly once, and no commit is aborted.
+#[test]
+fn a_backlog_after_a_kill_9_comes_out_exact() {
+    let rules = WindowRules {
+        size: 2_000,
+        advance: 1_000,
+        max_out_of_orderness: 100,
+        partitions: 2,
+        by_customer: true,
+    };
+    let run = model_run(rules, 60_000, 500);
+    run.produce();
+    let second = restart_after_kill_9_under_backlog(
+        "window-aggregator",
+        &run.arguments,
+        &run.topics.input,
+        20_000,
+    );
+    run.assert_model_rows(Duration::from_secs(180), || second.log());
+    second.assert_no_aborted_commit();
+}

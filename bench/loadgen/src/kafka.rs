@@ -6,6 +6,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use streams_runtime::admin::Admin;
 use streams_runtime::avro::{leak_schema, AvroEncoder, Registry};
+use streams_runtime::client::RegistrySettings;
 
 use crate::records::Record;
 
@@ -52,7 +53,11 @@ impl Cluster {
 
     /// A registry client.
     pub fn registry(&self, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Registry> {
-        Registry::new(&self.schema_registry_url, runtime.handle().clone())
+        let settings = RegistrySettings {
+            url: self.schema_registry_url.clone(),
+            ..RegistrySettings::default()
+        };
+        Registry::new(&settings, runtime.handle().clone())
     }
 }
 

@@ -65,6 +65,16 @@ streams_runtime::stores! {
     PROGRESS: ValueState<Progress> = "progress";
 }
 
+streams_runtime::counter_names! {
+    /// What embed-batcher counts.
+    pub enum BatcherCounter {
+        BatchesSent = "batches_sent",
+        EditsSuperseded = "edits_superseded",
+        EditsReplaced = "edits_replaced",
+        PendingEditsExpired = "pending_edits_expired",
+    }
+}
+
 streams_runtime::timer_names! {
     /// A tenant's timers.
     pub enum TenantTimer {
@@ -145,7 +155,7 @@ impl EmbedBatcher {
             let expired = self.expiry(edit.written_at) <= now;
             if expired {
                 ctx.map_remove(&PENDING, tenant, doc_id);
-                ctx.increment("pending_edits_expired");
+                ctx.increment(BatcherCounter::PendingEditsExpired);
             }
             !expired
         });
@@ -195,7 +205,7 @@ impl EmbedBatcher {
                         row.embedding = embedding;
                         ctx.emit(Some(&tenant), &row)?;
                     }
-                    ctx.increment("batches_sent");
+                    ctx.increment(BatcherCounter::BatchesSent);
                     Ok(())
                 },
             ) as Completion<EmbedBatcher>)
@@ -250,10 +260,10 @@ impl Processor for EmbedBatcher {
         match waiting {
             Some(waiting) if edit.updated_at <= waiting.updated_at => {
                 // A newer (or the same) edit of this article is already waiting.
-                ctx.increment("edits_superseded");
+                ctx.increment(BatcherCounter::EditsSuperseded);
                 return save_progress(ctx, tenant, &progress);
             }
-            Some(_) => ctx.increment("edits_replaced"),
+            Some(_) => ctx.increment(BatcherCounter::EditsReplaced),
             None => progress.pending += 1,
         }
         let entry = PendingEdit {

@@ -86,7 +86,7 @@ fn vectors_match_sentence_transformers() {
     let model = model();
     assert_eq!(model.dimensions(), 384);
     assert_eq!(model.max_seq_length(), references.max_seq_length);
-    // All texts in one batch: the short ones are padded to the longest.
+    // All texts in one call, of different lengths.
     let texts: Vec<String> = references.texts.iter().map(|r| r.text.clone()).collect();
     let vectors = model.embed_texts(&texts).expect("embedding");
     assert_eq!(vectors.len(), texts.len());

@@ -1,5 +1,7 @@
 //! The `order-shipment-joiner` binary: flags in, service running (see the library).
 
+streams_runtime::service_allocator!();
+
 fn main() -> std::process::ExitCode {
     streams_runtime::service_main(order_shipment_joiner::pipeline)
 }

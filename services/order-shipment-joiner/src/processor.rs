@@ -44,6 +44,14 @@ streams_runtime::timer_names! {
     }
 }
 
+streams_runtime::counter_names! {
+    /// Buffered records dropped unmatched when their join window closed.
+    pub enum JoinCounter {
+        OrdersExpired = "orders_expired",
+        ShipmentsExpired = "shipments_expired",
+    }
+}
+
 /// The service: orders direct, shipments re-keyed by order id, joined.
 pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
     let processor = IntervalJoin::new(&settings);
@@ -116,7 +124,7 @@ fn expire<T: serde::Serialize + serde::de::DeserializeOwned>(
     ctx: &mut Context<'_, IntervalJoin>,
     state: &ValueState<Buffered<T>>,
     key: &str,
-    (name, counter): (Expiry, &'static str),
+    (name, counter): (Expiry, JoinCounter),
     expiry: impl Fn(i64) -> i64,
 ) -> anyhow::Result<()> {
     let Some(mut buffered) = ctx.get(state, key)? else {
@@ -239,14 +247,14 @@ impl Processor for IntervalJoin {
                 ctx,
                 &ORDERS,
                 timer.key,
-                (Expiry::Order, "orders_expired"),
+                (Expiry::Order, JoinCounter::OrdersExpired),
                 |time| self.order_expiry(time),
             ),
             Expiry::Shipment => expire(
                 ctx,
                 &SHIPMENTS,
                 timer.key,
-                (Expiry::Shipment, "shipments_expired"),
+                (Expiry::Shipment, JoinCounter::ShipmentsExpired),
                 Self::shipment_expiry,
             ),
         }

@@ -29,6 +29,13 @@ streams_runtime::stores! {
     WINDOW_READINGS: MapState<i64, WindowReadings> = "window-readings";
 }
 
+streams_runtime::counter_names! {
+    /// What sensor-fusion counts.
+    pub enum FusionCounter {
+        WindowsEmitted = "windows_emitted",
+    }
+}
+
 streams_runtime::timer_names! {
     /// The end of one machine's window (watermark mode). Its key is
     /// [`window_timer_key`]: one timer per machine and window.
@@ -125,7 +132,7 @@ impl SensorFusion {
         ctx.map_remove(&WINDOW_READINGS, machine, &start);
         let verdict = self.verdict(machine, start, readings);
         ctx.emit(Some(machine), &verdict)?;
-        ctx.increment("windows_emitted");
+        ctx.increment(FusionCounter::WindowsEmitted);
         Ok(())
     }
 }

@@ -29,6 +29,14 @@ streams_runtime::timer_names! {
     }
 }
 
+streams_runtime::counter_names! {
+    /// How sessions end.
+    pub enum SessionCounter {
+        Completed = "sessions_completed",
+        TimedOut = "sessions_timed_out",
+    }
+}
+
 const COMPLETED: &str = "COMPLETED";
 const TIMEOUT: &str = "TIMEOUT";
 
@@ -122,7 +130,7 @@ impl Processor for Sessionizer {
             (if is_logout { slot.take() } else { None }, deadline)
         })?;
         if let Some(session) = completed {
-            ctx.increment("sessions_completed");
+            ctx.increment(SessionCounter::Completed);
             return Self::end(ctx, &user_id, session, COMPLETED, time);
         }
         ctx.set_timer(&user_id, SessionTimer::Inactivity, deadline);
@@ -135,7 +143,7 @@ impl Processor for Sessionizer {
         timer: Timer<'_, SessionTimer>,
     ) -> anyhow::Result<()> {
         if let Some(session) = ctx.update(&SESSIONS, timer.key, Option::take)? {
-            ctx.increment("sessions_timed_out");
+            ctx.increment(SessionCounter::TimedOut);
             Self::end(ctx, timer.key, session, TIMEOUT, timer.time)?;
         }
         Ok(())

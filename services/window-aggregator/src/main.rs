@@ -1,5 +1,7 @@
 //! The `window-aggregator` binary: flags in, service running (see the library).
 
+streams_runtime::service_allocator!();
+
 fn main() -> std::process::ExitCode {
     streams_runtime::service_main(window_aggregator::pipeline)
 }

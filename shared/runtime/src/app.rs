@@ -11,9 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
-use rdkafka::ClientConfig;
-
+use crate::client::{redact, RedactingStderr};
 use crate::config::{LogFormat, RuntimeArgs};
 use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
@@ -21,9 +19,11 @@ use crate::processor::Processor;
 use crate::standby::StandbyUpdater;
 use crate::startup::{prepare_stage, ServiceEnv, StreamThread};
 use crate::state::store::StateResources;
+#[cfg(feature = "test-utils")]
 use crate::testing::{driver_stage, DriverEnv, DriverStage};
 use crate::topics::Admin;
 use crate::topology::Topology;
+use clap::Parser;
 
 /// The whole `main` of a service binary: parses its flags `S`, builds its
 /// pipeline with `build` and runs it. A flag error exits with clap's
@@ -40,7 +40,7 @@ pub fn service_main<S: Parser>(build: fn(S) -> anyhow::Result<Pipeline>) -> Exit
     match build(S::parse()) {
         Ok(pipeline) => pipeline.run(),
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", redact(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }
@@ -70,29 +70,18 @@ fn limit_malloc_arenas(processing_threads: usize) {
 }
 
 /// Sets up logging in the chosen format; `RUST_LOG` filters (default `info`).
+/// Secret client properties never reach the log (see [`crate::client`]).
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(RedactingStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
-}
-
-/// The librdkafka settings every client of the service shares.
-pub fn base_client_config(args: &RuntimeArgs) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", &args.bootstrap_servers)
-        .set("log_level", "3");
-    for (key, value) in &args.kafka_properties {
-        config.set(key, value);
-    }
-    config
 }
 
 /// A service of one or more stages, each a processor over its own topology
@@ -148,6 +137,7 @@ impl Pipeline {
     }
 
     /// The flags, the service name and the stages, for the test driver.
+    #[cfg(feature = "test-utils")]
     pub(crate) fn into_parts(self) -> (RuntimeArgs, &'static str, Vec<Box<dyn StageSpec>>) {
         (self.args, self.service, self.stages)
     }
@@ -160,7 +150,7 @@ impl Pipeline {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!("{error:#}");
-                eprintln!("error: {error:#}");
+                eprintln!("error: {}", redact(&format!("{error:#}")));
                 ExitCode::FAILURE
             }
         }
@@ -174,9 +164,10 @@ impl Pipeline {
             .worker_threads(1)
             .enable_all()
             .build()?;
-        let client_config = base_client_config(&self.args);
+        // librdkafka logs errors only (the runtime reports what matters).
+        let client = self.args.client.settings(&[("log_level", "3")])?;
         let admin = Admin::connect(
-            &client_config,
+            &client.kafka,
             runtime.handle().clone(),
             Duration::from_secs(10),
         )?;
@@ -185,7 +176,8 @@ impl Pipeline {
         let mut env = ServiceEnv {
             application_id: self.args.application_id_or(self.service),
             runtime: runtime.handle().clone(),
-            client_config,
+            client_config: client.kafka,
+            registry: client.registry,
             admin,
             metrics: Arc::new(Metrics::default()),
             state_resources: StateResources::new(memory_limit, processing_threads),
@@ -250,6 +242,7 @@ pub(crate) trait StageSpec {
         self: Box<Self>,
         env: &mut ServiceEnv,
     ) -> anyhow::Result<Vec<Box<dyn PreparedStage>>>;
+    #[cfg(feature = "test-utils")]
     fn into_driver_stage(
         self: Box<Self>,
         env: &mut DriverEnv,
@@ -298,6 +291,7 @@ impl<P: Processor> StageSpec for Stage<P> {
         Ok(processing.chain(standby).collect())
     }
 
+    #[cfg(feature = "test-utils")]
     fn into_driver_stage(
         self: Box<Self>,
         env: &mut DriverEnv,

@@ -7,9 +7,13 @@
 //!
 //! [`Context::now`]: crate::Context::now
 
+#[cfg(feature = "test-utils")]
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "test-utils")]
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+#[cfg(feature = "test-utils")]
+use std::time::Duration;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// A source of wall-clock time: the system's, or one moved by hand.
 #[derive(Debug, Clone)]
@@ -22,10 +26,13 @@ pub(crate) enum Clock {
         start: Instant,
         start_epoch_ms: i64,
     },
+    /// The test driver's.
+    #[cfg(feature = "test-utils")]
     Manual(Arc<ManualTime>),
 }
 
 /// A hand-moved clock: a fixed start plus what has been added to it.
+#[cfg(feature = "test-utils")]
 #[derive(Debug)]
 pub(crate) struct ManualTime {
     start: Instant,
@@ -44,6 +51,7 @@ pub(crate) struct Now {
 
 impl Clock {
     /// A manual clock that reads `start_epoch_ms` until advanced.
+    #[cfg(feature = "test-utils")]
     pub fn manual(start_epoch_ms: i64) -> (Clock, Arc<ManualTime>) {
         let time = Arc::new(ManualTime {
             start: Instant::now(),
@@ -77,6 +85,7 @@ impl Clock {
                     epoch_ms: start_epoch_ms + elapsed,
                 }
             }
+            #[cfg(feature = "test-utils")]
             Clock::Manual(time) => {
                 let elapsed = time.elapsed_ms.load(Ordering::Relaxed);
                 Now {
@@ -88,6 +97,7 @@ impl Clock {
     }
 }
 
+#[cfg(feature = "test-utils")]
 impl ManualTime {
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {

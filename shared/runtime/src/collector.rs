@@ -4,7 +4,7 @@
 //! announcements and changelog records all go into one [`Collector`]. The
 //! processing code never holds a producer: the Kafka stage drains the
 //! collector into its producer after each batch of work, and the test driver
-//! ([`crate::testing`]) drains it into in-memory topics. Either way the same
+//! (`crate::testing`) drains it into in-memory topics. Either way the same
 //! engine and task code ran.
 //!
 //! Keys and values are appended to one byte arena that is reused from drain
@@ -264,12 +264,14 @@ impl Collector {
     }
 
     /// The counts of [`produced`](Self::produced), by topic id.
+    #[cfg(feature = "test-utils")]
     pub fn produced_counts(&self) -> Vec<u64> {
         self.produced.clone()
     }
 
     /// Takes the counts of [`produced`](Self::produced) back to `counts`
     /// (by topic id; a topic added since goes back to 0).
+    #[cfg(feature = "test-utils")]
     pub fn reset_produced(&mut self, counts: &[u64]) {
         for (topic, produced) in self.produced.iter_mut().enumerate() {
             *produced = counts.get(topic).copied().unwrap_or(0);

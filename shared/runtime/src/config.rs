@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
+use crate::client::ClientArgs;
 use crate::duration::HumanDuration;
 
 /// How input records, state changes and outputs are committed together.
@@ -43,21 +44,9 @@ pub enum LogFormat {
 /// The flags shared by every service.
 #[derive(Debug, Clone, Args)]
 pub struct RuntimeArgs {
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    pub bootstrap_servers: String,
-
-    /// Confluent-compatible schema registry URL.
-    #[arg(
-        long,
-        env = "SCHEMA_REGISTRY_URL",
-        default_value = "http://127.0.0.1:8081"
-    )]
-    pub schema_registry_url: String,
+    /// Where Kafka and the registry are, and the client properties.
+    #[command(flatten)]
+    pub client: ClientArgs,
 
     /// Application id: the consumer group id and the prefix of every internal
     /// topic. Defaults to the service name.
@@ -136,11 +125,6 @@ pub struct RuntimeArgs {
     #[arg(long, env = "TOPIC_WAIT", default_value = "60s")]
     pub topic_wait: HumanDuration,
 
-    /// Any librdkafka property, passed to every client: `--kafka security.protocol=SASL_SSL`.
-    /// Repeatable.
-    #[arg(long = "kafka", value_name = "KEY=VALUE", value_parser = parse_key_value)]
-    pub kafka_properties: Vec<(String, String)>,
-
     /// Address of the HTTP listener for /metrics, /healthz and /readyz.
     /// Default `0.0.0.0:9090`; when the default port is taken (several
     /// services on one host) the service runs without the listener and says
@@ -211,16 +195,6 @@ impl RuntimeArgs {
         self.application_id
             .clone()
             .unwrap_or_else(|| default.to_string())
-    }
-}
-
-/// Parses `key=value` for `--kafka`.
-pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((key, value)) if !key.trim().is_empty() => {
-            Ok((key.trim().to_string(), value.trim().to_string()))
-        }
-        _ => Err(format!("expected KEY=VALUE, got '{text}'")),
     }
 }
 

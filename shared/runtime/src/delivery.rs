@@ -22,7 +22,7 @@ use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 
-use crate::metrics::{Phase, PhaseTimes};
+use crate::metrics::{self, Phase, PhaseTimes, Snapshot};
 
 /// How long aborting a transaction may take before the producer is replaced.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -123,6 +123,43 @@ pub struct Delivery {
     generation: Generation,
     /// Records sent per generation.
     sent: [u64; GENERATIONS],
+    /// When the open transaction began.
+    transaction_began: Option<Instant>,
+    /// The producer's `transaction.timeout.ms`.
+    transaction_timeout: Duration,
+    /// How long the last transactions stayed open.
+    open_times: OpenTimes,
+}
+
+/// Transactions remembered for the open-time percentile.
+const OPEN_TIMES_KEPT: usize = 1024;
+
+/// How long transactions stayed open: the longest since start, and the
+/// last [`OPEN_TIMES_KEPT`] for a percentile.
+#[derive(Debug, Default)]
+struct OpenTimes {
+    max: Duration,
+    recent: std::collections::VecDeque<Duration>,
+}
+
+impl OpenTimes {
+    fn record(&mut self, open: Duration) {
+        self.max = self.max.max(open);
+        if self.recent.len() == OPEN_TIMES_KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(open);
+    }
+
+    /// The 99th percentile of the recent open times (nearest rank).
+    fn p99(&self) -> Duration {
+        let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        let rank = (sorted.len() * 99).div_ceil(100);
+        rank.checked_sub(1)
+            .and_then(|index| sorted.get(index).copied())
+            .unwrap_or_default()
+    }
 }
 
 /// One record to produce.
@@ -204,6 +241,10 @@ impl Delivery {
                 config.set("transaction.timeout.ms", "10000");
             }
         }
+        let transaction_timeout = config
+            .get("transaction.timeout.ms")
+            .and_then(|ms| ms.parse().ok())
+            .map_or(Duration::MAX, Duration::from_millis);
         let timeout = Duration::from_secs(30);
         let transactional = transactional_id.is_some();
         let producer = Self::create(&config, transactional, timeout)?;
@@ -217,6 +258,9 @@ impl Delivery {
             timeout,
             generation: Generation(0),
             sent: [0; GENERATIONS],
+            transaction_began: None,
+            transaction_timeout,
+            open_times: OpenTimes::default(),
         })
     }
 
@@ -250,6 +294,7 @@ impl Delivery {
                 Ok(producer) => {
                     self.producer = producer;
                     self.in_transaction = false;
+                    self.transaction_began = None;
                     self.abort_failed = false;
                     return Ok(());
                 }
@@ -278,11 +323,10 @@ impl Delivery {
             return;
         }
         if self.transactional && !self.in_transaction {
-            if let Err(error) = self.producer.begin_transaction() {
+            if let Err(error) = self.begin_transaction() {
                 self.send_failure = Some(format!("cannot begin a Kafka transaction: {error}"));
                 return;
             }
-            self.in_transaction = true;
         }
         let opaque = (record.tag << GENERATION_BITS) | self.generation.0;
         let mut base: BaseRecord<'_, [u8], [u8], usize> =
@@ -417,8 +461,7 @@ impl Delivery {
             if offsets.count() == 0 {
                 return Ok(());
             }
-            self.producer.begin_transaction().map_err(classify)?;
-            self.in_transaction = true;
+            self.begin_transaction().map_err(classify)?;
         }
         let started = Instant::now();
         let result = self.flush(generation).and_then(|()| {
@@ -444,11 +487,56 @@ impl Delivery {
             return Err(error);
         }
         self.in_transaction = false;
+        self.transaction_ended();
         Ok(())
+    }
+
+    fn begin_transaction(&mut self) -> Result<(), KafkaError> {
+        self.producer.begin_transaction()?;
+        self.in_transaction = true;
+        self.transaction_began = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Counts how long the transaction that just ended stayed open, and
+    /// warns when that came near the timeout past which the coordinator
+    /// aborts it.
+    fn transaction_ended(&mut self) {
+        let Some(began) = self.transaction_began.take() else {
+            return;
+        };
+        let open = began.elapsed();
+        self.open_times.record(open);
+        if open > self.transaction_timeout / 2 {
+            tracing::warn!(
+                open_ms = open.as_millis() as u64,
+                transaction_timeout_ms = self.transaction_timeout.as_millis() as u64,
+                "a transaction stayed open for more than half of transaction.timeout.ms; \
+                 past it the coordinator aborts the transaction and fences this producer"
+            );
+        }
+    }
+
+    /// Adds the transaction open times to `snapshot` (under exactly-once).
+    pub fn export(&self, snapshot: &mut Snapshot) {
+        if !self.transactional {
+            return;
+        }
+        snapshot.set(
+            metrics::TRANSACTION_OPEN_MAX,
+            vec![],
+            self.open_times.max.as_secs_f64(),
+        );
+        snapshot.set(
+            metrics::TRANSACTION_OPEN_P99,
+            vec![],
+            self.open_times.p99().as_secs_f64(),
+        );
     }
 
     fn abort_after(&mut self, error: &CommitError) {
         self.in_transaction = false;
+        self.transaction_ended();
         if matches!(error, CommitError::Aborted(_))
             && self.producer.client().fatal_error().is_none()
         {
@@ -506,5 +594,32 @@ fn classify(error: KafkaError) -> CommitError {
             CommitError::Aborted(error.to_string())
         }
         _ => CommitError::Fatal(error.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn millis(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn open_times_keep_the_longest_and_a_recent_percentile() {
+        let mut times = OpenTimes::default();
+        assert_eq!(times.p99(), Duration::ZERO);
+        times.record(millis(9_000));
+        for ms in 1..=100 {
+            times.record(millis(ms));
+        }
+        assert_eq!(times.max, millis(9_000));
+        // 101 values: the 100th smallest is the 99th percentile.
+        assert_eq!(times.p99(), millis(100));
+        for _ in 0..OPEN_TIMES_KEPT {
+            times.record(millis(5));
+        }
+        assert_eq!(times.p99(), millis(5), "old transactions age out");
+        assert_eq!(times.max, millis(9_000), "the maximum is since start");
     }
 }

@@ -4,14 +4,14 @@
 //! a [`Processor`]; [`service_main`] does the rest: consuming as a consumer
 //! group, Avro in the Confluent wire format, keyed state in RocksDB with
 //! changelogs, event-time watermarks and timers, dead-lettering, and
-//! exactly-once or at-least-once delivery. [`testing`] runs the same
-//! processor and topology without a broker, for tests.
+//! exactly-once or at-least-once delivery. `testing` (the `test-utils`
+//! feature) runs the same processor and topology without a broker, for tests.
 //!
 //! # Layout
 //!
 //! * [`processor`]: the API a service implements — `Processor`, `Record`,
 //!   `Timer`, `Context`, the named state handles `ValueState` and `MapState`,
-//!   and the `stores!` and `timer_names!` declarations.
+//!   and the `stores!`, `timer_names!` and `counter_names!` declarations.
 //! * [`topology`]: inputs (with optional repartitioning), output, and the
 //!   links between the stages of a pipeline.
 //! * [`config`]: the flags every service shares; [`duration`]: durations for flags.
@@ -36,21 +36,14 @@
 //! * [`admin`]: client configuration and topic administration (also for `streamctl`).
 //! * [`metrics`] and `http`: what operators see.
 //! * `app`: [`service_main`] and [`Pipeline`], which wire it all together.
-//! * [`testing`]: the broker-free test driver.
+//! * `partitioner`: Kafka's murmur2 partitioner.
+//! * `testing` (feature `test-utils`): the broker-free test driver.
 //! * [`prelude`]: what a service imports.
 
 mod app;
-/// Every binary built on the runtime allocates with mimalloc: the hot path
-/// allocates small, short-lived keys and values, where glibc's allocator
-/// spent a quarter of the joiner's CPU time (profiled with `perf`). Built
-/// without transparent huge pages (`no_thp`): mimalloc otherwise asks for
-/// them, and a 2 MiB page is resident as soon as one byte of it is touched.
-/// Measured: peak RSS sessionizer 81-83 -> 65-67 MiB, sensor-fusion 76 ->
-/// 55, window-aggregator 55 -> 46, records/s unchanged within the noise.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod avro;
+pub mod client;
 mod clock;
 mod collector;
 pub mod config;
@@ -61,12 +54,14 @@ mod http;
 pub mod jobs;
 pub mod metrics;
 mod output;
+mod partitioner;
 pub mod processor;
 mod restore;
 mod standby;
 mod startup;
 pub mod state;
 mod task;
+#[cfg(feature = "test-utils")]
 pub mod testing;
 pub mod time;
 mod topics;
@@ -76,16 +71,17 @@ pub mod window;
 
 /// Client configuration and topic administration, for tools such as `streamctl`.
 pub mod admin {
-    pub use crate::app::{base_client_config, init_tracing};
+    pub use crate::app::init_tracing;
     pub use crate::topics::*;
 }
 
 pub use app::{service_main, Pipeline};
 pub use config::RuntimeArgs;
 pub use duration::HumanDuration;
+pub use partitioner::murmur2_partition;
 pub use processor::{
-    Context, DerivedTimers, MapState, NoTimers, Processor, Record, StateView, Timer, TimerName,
-    ValueState,
+    Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record, StateView, Timer,
+    TimerName, ValueState,
 };
 pub use state::codec::MapKey;
 pub use time::{TimeDomain, NO_WATERMARK};
@@ -95,10 +91,31 @@ pub use topology::{InputStream, StageLink, Topology};
 pub mod prelude {
     pub use crate::jobs::Completion;
     pub use crate::processor::{
-        Context, DerivedTimers, MapState, NoTimers, Processor, Record, StateView, Timer, TimerName,
-        ValueState,
+        Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record, StateView,
+        Timer, TimerName, ValueState,
     };
     pub use crate::time::{TimeDomain, NO_WATERMARK};
     pub use crate::topology::{InputStream, StageLink, Topology};
-    pub use crate::{service_main, stores, timer_names, HumanDuration, Pipeline, RuntimeArgs};
+    pub use crate::{
+        counter_names, service_main, stores, timer_names, HumanDuration, Pipeline, RuntimeArgs,
+    };
+}
+
+/// The allocator a service binary installs with [`service_allocator!`].
+#[doc(hidden)]
+pub use mimalloc::MiMalloc as ServiceAllocator;
+
+/// Makes mimalloc the binary's global allocator; a service's `main.rs`
+/// says `streams_runtime::service_allocator!();`. The hot path allocates
+/// small, short-lived keys and values, where glibc's allocator cost a
+/// quarter of the joiner's CPU time. mimalloc is built without transparent
+/// huge pages (`no_thp`): a 2 MiB page is resident as soon as one byte of it
+/// is touched. The choice belongs to each binary (`streamctl` and the test
+/// harness keep the system allocator); BENCHMARKS.md has the measurements.
+#[macro_export]
+macro_rules! service_allocator {
+    () => {
+        #[global_allocator]
+        static ALLOCATOR: $crate::ServiceAllocator = $crate::ServiceAllocator;
+    };
 }

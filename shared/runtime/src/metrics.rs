@@ -46,6 +46,12 @@ pub const COMMIT_SECONDS: &str = "streams_commit_duration_seconds_total";
 /// offset commit), `commit_transaction`, `commit_apply` (handing the
 /// committed changes to a state writer).
 pub const PHASE_SECONDS: &str = "streams_thread_phase_seconds_total";
+/// Jobs (`Context::submit`) started and not yet completed.
+pub const JOBS_IN_FLIGHT: &str = "streams_jobs_in_flight";
+/// The longest time a transaction stayed open, since start (exactly-once).
+pub const TRANSACTION_OPEN_MAX: &str = "streams_transaction_open_seconds_max";
+/// The 99th percentile of how long the last 1 024 transactions stayed open.
+pub const TRANSACTION_OPEN_P99: &str = "streams_transaction_open_seconds_p99";
 /// Tasks of which this instance holds only some partitions (an incremental
 /// rebalance in progress, or an assignor that split them): they do not
 /// process until the rest arrives.

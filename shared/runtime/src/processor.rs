@@ -185,6 +185,52 @@ impl TimerName for NoTimers {
     }
 }
 
+/// A processor's domain counter (exported as `streams_processor_events_total`
+/// with its name as the `name` label), declared with [`counter_names!`].
+pub trait CounterName: Copy {
+    /// The counter's name.
+    fn name(self) -> &'static str;
+}
+
+/// Declares an enum of a processor's counters and implements
+/// [`CounterName`] for it, so that a counter is named once and a typo does
+/// not compile.
+///
+/// ```
+/// streams_runtime::counter_names! {
+///     /// What the sessionizer counts.
+///     pub enum SessionCounter {
+///         Completed = "sessions_completed",
+///         TimedOut = "sessions_timed_out",
+///     }
+/// }
+/// use streams_runtime::CounterName;
+/// assert_eq!(SessionCounter::TimedOut.name(), "sessions_timed_out");
+/// ```
+#[macro_export]
+macro_rules! counter_names {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $enum:ident {
+            $($(#[$variant_meta:meta])* $variant:ident = $text:literal),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $enum {
+            $($(#[$variant_meta])* $variant),+
+        }
+
+        impl $crate::CounterName for $enum {
+            fn name(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $text),+
+                }
+            }
+        }
+    };
+}
+
 /// Declares an enum of timer names and implements [`TimerName`] for it.
 ///
 /// ```
@@ -389,17 +435,19 @@ impl<P: Processor> Context<'_, P> {
     /// workers) while the task goes on with other records; the
     /// [`Completion`] it returns then runs on the processing thread, with
     /// the processor and a context, in submission order among the task's
-    /// jobs. The task's next commit waits for every job it has started. A
-    /// job that fails fails the stage, like an error from `process`.
+    /// jobs. The task's next commit waits for every job it has started (no
+    /// transaction is open meanwhile, and at most two jobs per worker are
+    /// in flight: tasks wait past that). A job that fails fails the stage,
+    /// like an error from `process`.
     ///
     /// See [`jobs`](crate::jobs) for how this keeps exactly-once.
     pub fn submit(&mut self, job: impl FnOnce() -> anyhow::Result<Completion<P>> + Send + 'static) {
         self.submitted.push(Box::new(job));
     }
 
-    /// Adds one to the service counter `name` (exported as a metric).
-    pub fn increment(&mut self, name: &'static str) {
-        *self.counters.entry(name).or_default() += 1;
+    /// Adds one to the processor's `counter` (exported as a metric).
+    pub fn increment(&mut self, counter: impl CounterName) {
+        *self.counters.entry(counter.name()).or_default() += 1;
     }
 
     fn index(&self, name: &str) -> StoreIndex {

@@ -8,17 +8,18 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rdkafka::consumer::Consumer;
 use rdkafka::ClientConfig;
 
 use crate::avro::{leak_schema, AvroEncoder, Registry};
+use crate::client::RegistrySettings;
 use crate::clock::Clock;
 use crate::collector::Collector;
 use crate::config::{GroupProtocol, ProcessingGuarantee, RuntimeArgs};
 use crate::delivery::Delivery;
-use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, StageContext};
+use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, KafkaStageParts, StageContext};
 use crate::engine::{
     Engine, EngineParts, EngineSettings, InputRuntime, Rekeying, Route, SideTopics, Subscription,
 };
@@ -39,6 +40,7 @@ pub(crate) struct ServiceEnv {
     pub application_id: String,
     pub runtime: tokio::runtime::Handle,
     pub client_config: ClientConfig,
+    pub registry: RegistrySettings,
     pub admin: Admin,
     pub metrics: Arc<Metrics>,
     /// RocksDB's memory budget (`--state-memory-limit`): one for the whole
@@ -498,7 +500,7 @@ fn plan_stage<P: Processor>(
     // after the other: the topic checks and creations, the output schema's
     // registration (the output's is registered once, here), and each
     // thread's producer with its init_transactions.
-    let registry = Registry::new(&args.schema_registry_url, env.runtime.clone())?;
+    let registry = Registry::new(&env.registry, env.runtime.clone())?;
     let subject = format!("{}-value", topics.output);
     let (created, registered, deliveries) = std::thread::scope(|scope| {
         let registering = scope.spawn(|| registry.register(&subject, &topology.output_schema));
@@ -641,7 +643,7 @@ impl<P: Processor> StagePlan<P> {
         )?;
         let restorer = Restorer::new(&env.client_config, &self.application_id)?;
         engine.yield_to_commits();
-        let stage = KafkaStage {
+        let stage = KafkaStage::new(KafkaStageParts {
             engine,
             delivery,
             restorer,
@@ -650,18 +652,9 @@ impl<P: Processor> StagePlan<P> {
             active: self.active.clone(),
             resources: env.state_resources.clone(),
             metrics: env.metrics.add_thread(self.name, thread.label()),
-            phases: Default::default(),
-            owned: Default::default(),
-            incomplete: Default::default(),
-            backpressured: Default::default(),
-            fatal: None,
-            in_flight: None,
-            commit_once_handled: None,
-        };
+        });
         let group_instance_id = args.instance_id.as_deref().map(|id| thread.member_id(id));
-        let context = StageContext {
-            stage: Mutex::new(Some(stage)),
-        };
+        let context = StageContext::new(stage);
         let consumer: GroupConsumer<P> = group_consumer_config(
             env,
             &self.application_id,
@@ -683,16 +676,13 @@ impl<P: Processor> StagePlan<P> {
         replicas: usize,
         consumer: &GroupConsumer<P>,
     ) -> anyhow::Result<StandbyUpdater> {
-        let task_topics = {
-            let guard = consumer.context().stage.lock().unwrap();
-            let stage = guard.as_ref().expect("a built stage");
-            stage
-                .engine
+        let task_topics = consumer.context().with_engine(|engine| {
+            engine
                 .task_topics()
                 .into_iter()
                 .map(|(_, topic)| topic)
                 .collect()
-        };
+        });
         let settings = StandbySettings {
             replicas,
             group: self.application_id.clone(),
@@ -717,16 +707,13 @@ impl<P: Processor> StagePlan<P> {
 
 /// Subscribes a built consumer to its engine's topics; returns them.
 fn subscribe<P: Processor>(consumer: &GroupConsumer<P>) -> anyhow::Result<Vec<String>> {
-    let topics: Vec<String> = {
-        let guard = consumer.context().stage.lock().unwrap();
-        let stage = guard.as_ref().expect("a built stage");
-        stage
-            .engine
+    let topics: Vec<String> = consumer.context().with_engine(|engine| {
+        engine
             .subscriptions()
             .iter()
             .map(|s| s.topic.clone())
             .collect()
-    };
+    });
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&names)?;
     Ok(topics)
@@ -798,7 +785,7 @@ fn group_consumer_config(
 /// a few milliseconds keeps the queue filled. A value set with `--kafka` wins.
 ///
 /// Likewise `fetch.wait.max.ms`: a partition resumed after a pause (see
-/// `MAX_BUFFERED` in `engine/kafka_stage.rs`) is fetched only by the next
+/// `MAX_BUFFERED` in `engine/kafka_stage/run_loop.rs`) is fetched only by the next
 /// fetch request to its broker, and the one in flight may be parked there
 /// for that long when the other partitions have nothing new (the joiner's
 /// repartition topic between two upstream commits). With pauses at 10 000

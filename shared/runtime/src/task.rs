@@ -147,7 +147,7 @@ pub(crate) struct Task<P: Processor> {
     /// stage link.
     pub announced: Option<i64>,
     /// Jobs started and not yet completed, in submission order.
-    in_flight: VecDeque<jobs::Pending<P>>,
+    in_flight: VecDeque<jobs::JobResult<P>>,
 }
 
 const TASK_WATERMARK_KEY: &[u8] = b"T";
@@ -494,6 +494,11 @@ impl<P: Processor> Task<P> {
     /// Whether jobs of this task are still running or waiting to complete.
     pub fn has_jobs(&self) -> bool {
         !self.in_flight.is_empty()
+    }
+
+    /// Jobs of this task started and not yet completed.
+    pub fn jobs_in_flight(&self) -> usize {
+        self.in_flight.len()
     }
 
     /// Runs the completions of finished jobs, in submission order; with

@@ -5,9 +5,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
+use std::sync::Mutex;
+
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientConfig;
 
@@ -24,6 +26,24 @@ pub struct PartitionInfo {
     pub high: i64,
 }
 
+/// Keeps the client's last error: an authentication or TLS failure, which
+/// a metadata request only reports as a timeout.
+#[derive(Default)]
+struct LastError(Mutex<Option<String>>);
+
+impl ClientContext for LastError {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let text = if reason.is_empty() {
+            error.to_string()
+        } else {
+            reason.to_string()
+        };
+        *self.0.lock().unwrap() = Some(text);
+    }
+}
+
+impl ConsumerContext for LastError {}
+
 /// A topic to create if it does not exist.
 pub struct TopicSpec<'a> {
     pub name: &'a str,
@@ -35,7 +55,7 @@ pub struct TopicSpec<'a> {
 /// Admin operations on one cluster.
 pub struct Admin {
     admin: AdminClient<DefaultClientContext>,
-    metadata: BaseConsumer,
+    metadata: BaseConsumer<LastError>,
     bootstrap: String,
     runtime: tokio::runtime::Handle,
 }
@@ -52,14 +72,24 @@ impl Admin {
         let admin: AdminClient<DefaultClientContext> = config
             .create()
             .map_err(|e| anyhow::anyhow!("invalid Kafka client settings: {e}"))?;
-        let metadata: BaseConsumer = config
-            .create()
+        let metadata: BaseConsumer<LastError> = config
+            .create_with_context(LastError::default())
             .map_err(|e| anyhow::anyhow!("invalid Kafka client settings: {e}"))?;
         metadata.fetch_metadata(None, timeout).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reach Kafka at {bootstrap} within {}s ({e}); is the broker running? (--bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS)",
-                timeout.as_secs_f32()
-            )
+            // A refused login or TLS handshake shows only as a transport
+            // failure here; the client's error events, which polling hands
+            // to the context, say what went wrong.
+            while metadata.poll(Duration::from_millis(10)).is_some() {}
+            match metadata.context().0.lock().unwrap().take() {
+                Some(cause) => anyhow::anyhow!(
+                    "cannot connect to Kafka at {bootstrap} within {}s: {cause}",
+                    timeout.as_secs_f32()
+                ),
+                None => anyhow::anyhow!(
+                    "cannot reach Kafka at {bootstrap} within {}s ({e}); is the broker running? (--bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS)",
+                    timeout.as_secs_f32()
+                ),
+            }
         })?;
         Ok(Admin {
             admin,
@@ -134,6 +164,10 @@ impl Admin {
                 RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART
                 | RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
             ) => Ok(None),
+            Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED) => anyhow::bail!(
+                "not authorized to describe topic {topic}: this user lacks the DESCRIBE \
+                 ACL on it (and READ or WRITE, as the topic is an input or an output)"
+            ),
             Some(code) => anyhow::bail!("topic {topic}: {}", RDKafkaErrorCode::from(code)),
         }
     }
@@ -270,6 +304,10 @@ impl Admin {
                     "created topic"
                 ),
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, RDKafkaErrorCode::TopicAuthorizationFailed)) => anyhow::bail!(
+                    "not authorized to create topic {name}: this user lacks the CREATE \
+                     (and WRITE) ACL on it; grant them or create the topic beforehand"
+                ),
                 Err((name, code)) => anyhow::bail!("cannot create topic {name}: {code}"),
             }
         }

@@ -192,6 +192,7 @@ impl<I: 'static, T: DeserializeOwned + 'static> InputStream<I, T> {
 pub(crate) struct InputSpec<I> {
     pub(crate) source: Source,
     /// The reader schema (the test driver writes piped values with it).
+    #[cfg_attr(not(feature = "test-utils"), allow(dead_code))]
     pub(crate) schema: &'static Schema,
     pub(crate) decode: DecodeFactory<I>,
     pub(crate) repartition: Option<Repartition>,

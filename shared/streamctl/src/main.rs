@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use streams_runtime::admin::Admin;
-use streams_runtime::config::parse_key_value;
+use streams_runtime::client::{parse_key_value, redact, ClientArgs, RegistrySettings};
 use streams_runtime::HumanDuration;
 
 #[derive(Parser)]
@@ -25,27 +25,9 @@ use streams_runtime::HumanDuration;
     about = "Topics, and Avro records as JSON lines, on Kafka + a schema registry"
 )]
 struct Cli {
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        global = true,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    bootstrap_servers: String,
-
-    /// Schema registry URL.
-    #[arg(
-        long,
-        global = true,
-        env = "SCHEMA_REGISTRY_URL",
-        default_value = "http://127.0.0.1:8081"
-    )]
-    schema_registry_url: String,
-
-    /// Any librdkafka property (repeatable), e.g. `--kafka security.protocol=SSL`.
-    #[arg(long = "kafka", global = true, value_name = "KEY=VALUE", value_parser = parse_key_value)]
-    kafka_properties: Vec<(String, String)>,
+    /// Where Kafka and the registry are, and the client properties.
+    #[command(flatten)]
+    client: ClientArgs,
 
     /// How long to wait for the broker before failing.
     #[arg(long, global = true, default_value = "5s")]
@@ -96,7 +78,7 @@ pub enum Format {
 pub struct Connection {
     pub config: rdkafka::ClientConfig,
     pub runtime: tokio::runtime::Runtime,
-    pub registry_url: String,
+    pub registry: RegistrySettings,
     pub connect_timeout: Duration,
 }
 
@@ -112,19 +94,20 @@ impl Connection {
 
     /// A schema registry client.
     pub fn registry(&self) -> anyhow::Result<streams_runtime::avro::Registry> {
-        streams_runtime::avro::Registry::new(&self.registry_url, self.runtime.handle().clone())
+        streams_runtime::avro::Registry::new(&self.registry, self.runtime.handle().clone())
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let mut config = rdkafka::ClientConfig::new();
-    config
-        .set("bootstrap.servers", &cli.bootstrap_servers)
-        .set("log_level", "0");
-    for (key, value) in &cli.kafka_properties {
-        config.set(key, value);
-    }
+    // librdkafka stays silent: every failure comes back as an error.
+    let client = match cli.client.settings(&[("log_level", "0")]) {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("error: {}", redact(&format!("{error:#}")));
+            return ExitCode::FAILURE;
+        }
+    };
     // The registry client blocks on the runtime handle, which only a
     // multi-thread runtime drives from outside `block_on`.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -139,9 +122,9 @@ fn main() -> ExitCode {
         }
     };
     let connection = Connection {
-        config,
+        config: client.kafka,
         runtime,
-        registry_url: cli.schema_registry_url,
+        registry: client.registry,
         connect_timeout: cli.connect_timeout.as_std(),
     };
     let result = match cli.command {
@@ -152,7 +135,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", redact(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }

@@ -25,12 +25,15 @@ use std::time::Duration;
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
+
 use schema_registry_converter::async_impl::schema_registry::{
     get_schema_by_id, post_schema, SrSettings,
 };
 use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+use crate::client::RegistrySettings;
 
 /// Length of the wire-format header: magic byte and schema id.
 pub const WIRE_HEADER_LEN: usize = 5;
@@ -123,11 +126,34 @@ pub enum RegistryError {
 }
 
 impl Registry {
-    /// A client for the registry at `url`. Blocking calls run on `runtime`.
-    pub fn new(url: &str, runtime: tokio::runtime::Handle) -> anyhow::Result<Registry> {
-        let settings = SrSettings::new_builder(url.trim_end_matches('/').to_string())
-            .set_timeout(Duration::from_secs(10))
-            .build()
+    /// A client for the registry `settings` describe. Blocking calls run
+    /// on `runtime`.
+    pub fn new(
+        settings: &RegistrySettings,
+        runtime: tokio::runtime::Handle,
+    ) -> anyhow::Result<Registry> {
+        let url = &settings.url;
+        let mut http = reqwest::Client::builder();
+        if let Some(path) = &settings.ca_location {
+            let pem = std::fs::read(path).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot read the registry's CA file {} ({e})",
+                    path.display()
+                )
+            })?;
+            for certificate in reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| anyhow::anyhow!("the registry's CA file {}: {e}", path.display()))?
+            {
+                http = http.add_root_certificate(certificate);
+            }
+        }
+        let mut builder = SrSettings::new_builder(url.trim_end_matches('/').to_string());
+        builder.set_timeout(Duration::from_secs(10));
+        if let Some((user, password)) = &settings.basic_auth {
+            builder.set_basic_authorization(user, Some(password));
+        }
+        let settings = builder
+            .build_with(http)
             .map_err(|e| anyhow::anyhow!("schema registry client for {url}: {e}"))?;
         Ok(Registry {
             inner: Arc::new(RegistryInner {

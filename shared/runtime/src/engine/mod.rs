@@ -13,16 +13,18 @@
 //!   records (headers only) announce a writer's watermark.
 //!
 //! Everything the stage writes goes into a [`Collector`]. Who drains it, and
-//! how commits reach Kafka, is the business of `kafka_stage.rs` (the Kafka
-//! consumer, producer and transactions) or of [`crate::testing`] (in-memory
+//! how commits reach Kafka, is the business of `kafka_stage/` (the Kafka
+//! consumer, producer and transactions) or of `crate::testing` (in-memory
 //! topics). The order of work is the same for both, because it is this code.
 //!
 //! `commit.rs` prepares and settles commits; `lifecycle.rs` opens and closes
-//! tasks.
+//! tasks; `snapshot.rs` reports the engine's metrics; `kafka_stage/` runs it
+//! on a Kafka consumer group.
 
 mod commit;
 pub(crate) mod kafka_stage;
 mod lifecycle;
+mod snapshot;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +37,6 @@ use crate::avro::{DecodeError, Registry};
 use crate::clock::Clock;
 use crate::collector::{Collector, Headers, TopicId};
 use crate::jobs::JobPool;
-use crate::metrics::{self, Snapshot};
 use crate::output::OutputEncoder;
 use crate::processor::Processor;
 use crate::task::{EventTimeSettings, InputKind, Origin, Outcome, Pending, Task, TaskEnv};
@@ -54,6 +55,63 @@ pub(crate) struct EngineSettings {
     pub link_partitions: Option<usize>,
     /// Threads running the processors' jobs (0: jobs run inline).
     pub job_workers: usize,
+}
+
+/// The [`TaskEnv`] of an engine at `now`: a macro, so that it borrows the
+/// engine's collector, output and jobs alone, beside its tasks.
+macro_rules! task_env {
+    ($engine:ident, $now:expr) => {
+        TaskEnv {
+            collector: &mut $engine.collector,
+            output: &$engine.output,
+            feeds_stage: $engine.settings.link_partitions.is_some(),
+            time: $engine.settings.event_time,
+            now: $now,
+            shutdown: &$engine.shutdown,
+            jobs: &$engine.jobs,
+        }
+    };
+}
+
+/// Jobs in flight per job worker past which tasks take no more records or
+/// timers: enough to keep every worker busy between two completions, few
+/// enough that a commit, which waits for every job in flight, waits for
+/// about two jobs per worker however large the backlog (see [`JobGate`]).
+const JOBS_PER_WORKER: usize = 2;
+
+/// When jobs in flight stop tasks from taking records and timers.
+///
+/// A commit waits for every job its tasks have started, so that what a
+/// job's submission changed in state and what its completion emits commit
+/// together. Two rules bound that wait whatever the backlog:
+///
+/// * at most a fixed number of jobs are in flight: a backlog is taken in
+///   as fast as jobs complete, not submitted whole into one commit (after a
+///   restore, embed-batcher's timers once submitted every pending batch of a
+///   backlog at once, and the commit waited for all of them);
+/// * once a commit is due, nothing new is taken until the jobs in flight
+///   are done, so the commit comes (a steady stream would otherwise keep
+///   jobs in flight forever) and, sealed then, waits for none.
+///
+/// With no job workers, jobs run inline and nothing is ever held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct JobGate {
+    limit: Option<usize>,
+}
+
+impl JobGate {
+    fn for_workers(workers: usize) -> Self {
+        JobGate {
+            limit: (workers > 0).then(|| workers * JOBS_PER_WORKER),
+        }
+    }
+
+    /// Whether tasks must wait, with `in_flight` jobs running and a commit
+    /// due or not.
+    fn holds(self, in_flight: usize, commit_due: bool) -> bool {
+        self.limit
+            .is_some_and(|limit| in_flight >= limit || (in_flight > 0 && commit_due))
+    }
 }
 
 /// What the engine does with records of one subscribed topic.
@@ -153,6 +211,7 @@ pub(crate) struct TopicCounts {
 /// The engine's counts of records, per topic: consumed, late and
 /// dead-lettered (by subscription index) and produced (by collector topic
 /// id). The test driver's crash takes them back to the last commit.
+#[cfg(feature = "test-utils")]
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RecordCounts {
     topics: Vec<TopicCounts>,
@@ -202,6 +261,8 @@ pub(crate) struct Engine<P: Processor> {
     jobs: JobPool,
     /// Whether a drain stops once a commit is due (see [`Engine::yield_to_commits`]).
     yields_to_commits: bool,
+    /// When jobs in flight hold the tasks back.
+    job_gate: JobGate,
     /// Whether a drain stopped with entries ready to go; cleared by [`Engine::tick`].
     backlog: bool,
 }
@@ -229,7 +290,9 @@ impl<P: Processor> Engine<P> {
         };
         let last_commit = parts.clock.now().instant;
         let jobs = JobPool::new("job-worker", parts.settings.job_workers);
+        let job_gate = JobGate::for_workers(parts.settings.job_workers);
         Engine {
+            job_gate,
             jobs,
             settings: parts.settings,
             processor: parts.processor,
@@ -292,7 +355,8 @@ impl<P: Processor> Engine<P> {
         )
     }
 
-    /// The open tasks, by partition, to change.
+    /// The open tasks, by partition, to change (the test driver's crash).
+    #[cfg(feature = "test-utils")]
     pub(crate) fn tasks_mut(&mut self) -> &mut BTreeMap<i32, Task<P>> {
         &mut self.tasks
     }
@@ -403,21 +467,23 @@ impl<P: Processor> Engine<P> {
     /// Handles every buffered entry of task `partition` that may go now,
     /// handing the collected records to `flush` every [`FLUSH_EVERY`] entries.
     fn drain(&mut self, partition: i32, flush: Flush<'_>) -> anyhow::Result<()> {
+        let jobs_elsewhere =
+            self.jobs_in_flight() - self.tasks.get(&partition).map_or(0, Task::jobs_in_flight);
+        let commit_due = self.yields_to_commits && self.commit_due();
         let Some(task) = self.tasks.get_mut(&partition) else {
             return Ok(());
         };
         let now = self.clock.now();
-        let mut env = TaskEnv {
-            collector: &mut self.collector,
-            output: &self.output,
-            feeds_stage: self.settings.link_partitions.is_some(),
-            time: self.settings.event_time,
-            now,
-            shutdown: &self.shutdown,
-            jobs: &self.jobs,
-        };
+        let mut env = task_env!(self, now);
         let mut handled = 0usize;
-        while let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now.instant) {
+        while !self
+            .job_gate
+            .holds(jobs_elsewhere + task.jobs_in_flight(), commit_due)
+        {
+            let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now.instant)
+            else {
+                break;
+            };
             handled += 1;
             let last_before_commit = handled.is_multiple_of(FLUSH_EVERY) && {
                 flush(env.collector);
@@ -541,22 +607,22 @@ impl<P: Processor> Engine<P> {
     /// timers fire; `flush` as in [`Engine::handle`].
     pub fn tick(&mut self, flush: Flush<'_>) -> anyhow::Result<()> {
         self.backlog = false;
+        self.complete_jobs(false)?;
         let partitions: Vec<i32> = self.tasks.keys().copied().collect();
         for partition in partitions {
             self.drain(partition, flush)?;
         }
-        let mut env = TaskEnv {
-            collector: &mut self.collector,
-            output: &self.output,
-            feeds_stage: self.settings.link_partitions.is_some(),
-            time: self.settings.event_time,
-            now: self.clock.now(),
-            shutdown: &self.shutdown,
-            jobs: &self.jobs,
-        };
+        let commit_due = self.yields_to_commits && self.commit_due();
+        let mut jobs_in_flight = self.jobs_in_flight();
+        let mut env = task_env!(self, self.clock.now());
         for task in self.tasks.values_mut() {
+            if self.job_gate.holds(jobs_in_flight, commit_due) {
+                break;
+            }
+            let before = task.jobs_in_flight();
             task.tick(&mut env)?;
             task.complete_jobs(&mut env, false)?;
+            jobs_in_flight = jobs_in_flight + task.jobs_in_flight() - before;
         }
         Ok(())
     }
@@ -566,22 +632,31 @@ impl<P: Processor> Engine<P> {
         self.tasks.values().any(Task::has_jobs)
     }
 
+    /// Jobs started by the tasks and not yet completed.
+    pub fn jobs_in_flight(&self) -> usize {
+        self.tasks.values().map(Task::jobs_in_flight).sum()
+    }
+
+    /// Whether processors' jobs run on worker threads, so that a commit may
+    /// have to wait for them (see [`JobGate`]).
+    pub fn runs_jobs_off_thread(&self) -> bool {
+        self.settings.job_workers > 0
+    }
+
     /// Waits for every started job and runs its completion (before a commit).
     pub fn finish_jobs(&mut self) -> anyhow::Result<()> {
+        self.complete_jobs(true)
+    }
+
+    /// Runs the completions of finished jobs, in each task's submission
+    /// order; with `wait`, of every job started.
+    fn complete_jobs(&mut self, wait: bool) -> anyhow::Result<()> {
         if !self.has_jobs() {
             return Ok(());
         }
-        let mut env = TaskEnv {
-            collector: &mut self.collector,
-            output: &self.output,
-            feeds_stage: self.settings.link_partitions.is_some(),
-            time: self.settings.event_time,
-            now: self.clock.now(),
-            shutdown: &self.shutdown,
-            jobs: &self.jobs,
-        };
+        let mut env = task_env!(self, self.clock.now());
         for task in self.tasks.values_mut() {
-            task.complete_jobs(&mut env, true)?;
+            task.complete_jobs(&mut env, wait)?;
         }
         Ok(())
     }
@@ -601,6 +676,7 @@ impl<P: Processor> Engine<P> {
     }
 
     /// The records counted so far (see [`RecordCounts`]).
+    #[cfg(feature = "test-utils")]
     pub(crate) fn record_counts(&self) -> RecordCounts {
         RecordCounts {
             topics: self.counters.topics.clone(),
@@ -609,80 +685,10 @@ impl<P: Processor> Engine<P> {
     }
 
     /// Takes the counts of records back to `counts`, taken earlier.
+    #[cfg(feature = "test-utils")]
     pub(crate) fn reset_record_counts(&mut self, counts: &RecordCounts) {
         self.counters.topics.clone_from(&counts.topics);
         self.collector.reset_produced(&counts.produced);
-    }
-
-    /// Every metric of this stage, now.
-    pub fn snapshot(&self) -> Snapshot {
-        let mut snapshot = Snapshot::default();
-        for (subscription, counts) in self.subscriptions.iter().zip(&self.counters.topics) {
-            let label = || vec![("topic", subscription.topic.clone())];
-            snapshot.add(metrics::RECORDS_CONSUMED, label(), counts.consumed);
-            snapshot.add(metrics::RECORDS_LATE, label(), counts.late);
-            snapshot.add(
-                metrics::RECORDS_DEAD_LETTERED,
-                label(),
-                counts.dead_lettered,
-            );
-        }
-        let changelogs: Vec<&str> = self
-            .side
-            .changelogs
-            .iter()
-            .map(|id| self.collector.topic_name(*id))
-            .collect();
-        for (topic, count) in self.collector.produced() {
-            if count > 0 && !changelogs.contains(&topic) {
-                snapshot.add(
-                    metrics::RECORDS_PRODUCED,
-                    vec![("topic", topic.to_string())],
-                    count,
-                );
-            }
-        }
-        let counters = &self.counters;
-        snapshot.add(metrics::RESTORED_RECORDS, vec![], counters.restored_records);
-        snapshot.add(metrics::COMMITS, vec![], counters.commits);
-        snapshot.add(metrics::COMMITS_ABORTED, vec![], counters.commits_aborted);
-        snapshot.add_f64(metrics::COMMIT_SECONDS, vec![], counters.commit_seconds);
-        for (name, count) in &counters.processor {
-            snapshot.add(
-                metrics::PROCESSOR_EVENTS,
-                vec![("name", name.to_string())],
-                *count,
-            );
-        }
-        let now_ms = self.clock.now().epoch_ms;
-        for task in self.tasks.values() {
-            let label = || vec![("task", task.partition.to_string())];
-            if task.watermark() != crate::time::NO_WATERMARK {
-                let lag = (now_ms.saturating_sub(task.watermark())) as f64 / 1000.0;
-                snapshot.set(metrics::WATERMARK_LAG, label(), lag);
-            }
-            snapshot.set(
-                metrics::TIMERS_PENDING,
-                label(),
-                task.timers_pending() as f64,
-            );
-            snapshot.set(
-                metrics::STATE_BYTES,
-                label(),
-                task.store.estimated_bytes() as f64,
-            );
-            for (index, name) in self.settings.store_names.iter().enumerate() {
-                snapshot.set(
-                    metrics::STATE_KEYS,
-                    vec![
-                        ("task", task.partition.to_string()),
-                        ("store", name.clone()),
-                    ],
-                    task.store.estimated_keys(index) as f64,
-                );
-            }
-        }
-        snapshot
     }
 }
 
@@ -691,5 +697,35 @@ fn check_key(key: Option<&[u8]>) -> Result<(), DecodeError> {
     match key.map(std::str::from_utf8) {
         Some(Err(_)) => Err(DecodeError::NotWireFormat("record key is not UTF-8".into())),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobGate;
+
+    #[test]
+    fn without_workers_jobs_never_hold_the_tasks() {
+        let gate = JobGate::for_workers(0);
+        assert!(!gate.holds(0, true));
+        assert!(!gate.holds(1_000, true));
+    }
+
+    #[test]
+    fn tasks_wait_once_every_worker_has_two_jobs() {
+        let gate = JobGate::for_workers(2);
+        assert!(!gate.holds(3, false));
+        assert!(gate.holds(4, false));
+        assert!(gate.holds(5, false));
+    }
+
+    #[test]
+    fn a_due_commit_holds_the_tasks_until_its_jobs_are_done() {
+        let gate = JobGate::for_workers(2);
+        assert!(gate.holds(1, true));
+        assert!(
+            !gate.holds(0, true),
+            "with no job in flight the commit goes"
+        );
     }
 }

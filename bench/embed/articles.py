@@ -6,7 +6,7 @@ across tenants; then one edit of tenant `clock` 60 s later, which moves the
 watermark past every other edit so that every batch goes (its own edit stays
 pending). Standard library only; deterministic.
 
-    python3 services/embed-batcher/bench/articles.py TENANTS PER_TENANT OUT.jsonl
+    python3 bench/embed/articles.py TENANTS PER_TENANT OUT.jsonl
 """
 
 import json

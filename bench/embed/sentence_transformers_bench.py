@@ -4,10 +4,10 @@ the same model folder, the same way as examples/embed_bench.rs does.
 bench/model_bench.sh runs both, with a virtualenv it makes.
 
     # ~100-word texts, the same for both (deterministic; standard library only):
-    python3 services/embed-batcher/bench/sentence_transformers_bench.py texts /var/tmp/embed-texts.jsonl
+    python3 bench/embed/sentence_transformers_bench.py texts /var/tmp/embed-texts.jsonl
     # sentence-transformers, in a virtualenv with sentence-transformers and torch:
     HF_HUB_OFFLINE=1 VENV/bin/python \
-        services/embed-batcher/bench/sentence_transformers_bench.py run /var/tmp/embed-texts.jsonl
+        bench/embed/sentence_transformers_bench.py run /var/tmp/embed-texts.jsonl
 
 The model is $MODELS_DIR/all-MiniLM-L6-v2 (MODELS_DIR defaulting to
 /var/tmp/streams-models), on MODEL_THREADS threads (default 2,

@@ -13,13 +13,13 @@
 # the CUDA build and pulls the NVIDIA libraries with it (~6 GB); it computes
 # on the CPU all the same. Model files: `make models` (run first).
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 
 VENV="${ST_VENV:-/var/tmp/st-venv}"
 TEXTS="${BENCH_TEXTS:-/var/tmp/embed-texts.jsonl}"
 RUNS="${BENCH_RUNS:-3}"
 export MODEL_THREADS="${MODEL_THREADS:-2}"
-PEER=services/embed-batcher/bench/sentence_transformers_bench.py
+PEER=bench/embed/sentence_transformers_bench.py
 
 bash deploy/local/models.sh
 # Deterministic, so rewriting it gives the same texts every time.

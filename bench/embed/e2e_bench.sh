@@ -12,7 +12,7 @@
 # stopped growing. BENCH_RUNS runs (1), each on new topics.
 # EXTRA_FLAGS are added to the service's flags.
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 
 BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}"
 TENANTS="${TENANTS:-20}"
@@ -24,7 +24,7 @@ mkdir -p "$WORK"
 
 cargo build --release -p embed-batcher -p streamctl -p bench-loadgen
 bash deploy/local/models.sh
-python3 services/embed-batcher/bench/articles.py "$TENANTS" "$PER_TENANT" "$WORK/articles.jsonl"
+python3 bench/embed/articles.py "$TENANTS" "$PER_TENANT" "$WORK/articles.jsonl"
 articles=$((TENANTS * PER_TENANT))
 
 service=

@@ -8,7 +8,7 @@
 # built here, dependencies from Maven Central), and the local Kafka broker and
 # schema registry (`make up`). Results: bench/results/<date>.{json,md,svg}.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 
 BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}"
 for binary in loadgen rawcopy streamctl sessionizer order-shipment-joiner sensor-fusion window-aggregator; do

@@ -1,0 +1,263 @@
+//! The engine on a Kafka consumer group: the poll loop, the producer that
+//! drains the engine's collector, transactions, rebalances and restores.
+//!
+//! One thread owns everything mutable. It polls the stage's consumer, hands
+//! each record to the [`Engine`], and moves what the engine collected into
+//! the producer's queue after each record (no waiting: librdkafka sends in
+//! the background). Every commit interval it commits outputs, changelogs and
+//! input offsets together — one Kafka transaction under exactly-once — and
+//! then applies the changes to RocksDB.
+//!
+//! A commit does not stop processing while its records are being
+//! acknowledged (the longest part of it): the engine seals the work so far,
+//! the thread goes on processing, and the commit finishes — offsets sent,
+//! transaction committed, state applied — once the sealed records are
+//! acknowledged. Under exactly-once the records of the work after the seal
+//! wait in the collector meanwhile (they belong to the next transaction);
+//! under at-least-once they go out at once.
+//!
+//! Rebalances arrive as consumer callbacks on the same thread (inside `poll`),
+//! which is why the stage lives in the consumer context behind a mutex that
+//! is never held across `poll`.
+//!
+//! The stage's work is split by concern: `rebalance` (assignments and
+//! revocations), `commit_in_flight` (sealing, finishing and rolling back a
+//! commit), `run_loop` (the poll loop, ticks and back-pressure) and
+//! `store_opening` (how a task's store is brought up to date).
+
+mod commit_in_flight;
+mod rebalance;
+mod run_loop;
+mod store_opening;
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
+use rdkafka::TopicPartitionList;
+
+pub(crate) use rebalance::{GroupConsumer, StageContext};
+pub(crate) use run_loop::run_stage;
+
+use crate::collector::{ChangelogPartition, Collector, Headers, RecordView};
+use crate::config::ProcessingGuarantee;
+use crate::delivery::{Delivery, Outgoing, UNTRACKED};
+use crate::engine::{Engine, Incoming};
+use crate::metrics::{PhaseTimes, StageMetrics};
+use crate::processor::Processor;
+use crate::restore::Restorer;
+use crate::standby::ActiveTasks;
+use crate::state::store::StateResources;
+use crate::watermark::Announcement;
+use commit_in_flight::SealedCommit;
+
+/// A stage's engine with its Kafka clients.
+pub(crate) struct KafkaStage<P: Processor> {
+    engine: Engine<P>,
+    delivery: Delivery,
+    restorer: Restorer,
+    guarantee: ProcessingGuarantee,
+    state_dir: PathBuf,
+    /// The tasks open in this process, shared with the standby thread.
+    active: Arc<ActiveTasks>,
+    resources: StateResources,
+    metrics: StageMetrics,
+    /// Where the processing thread's time goes.
+    phases: PhaseTimes,
+    /// Owned partitions of the topics that feed tasks, by (subscription, partition).
+    owned: HashSet<(usize, i32)>,
+    /// Tasks of which only some partitions are owned (paused).
+    incomplete: BTreeSet<i32>,
+    /// Task input partitions paused because their task has
+    /// [`MAX_BUFFERED`] records of them waiting (see [`Self::apply_backpressure`]).
+    backpressured: HashSet<(usize, i32)>,
+    /// An error raised inside a rebalance callback, surfaced by the loop.
+    fatal: Option<anyhow::Error>,
+    /// The sealed commit whose records are being acknowledged.
+    in_flight: Option<SealedCommit>,
+    /// After an assignment: the count of handled records past which the
+    /// first commit is due at once, not a commit interval later. A new or
+    /// restarted instance shows progress (and, exactly-once, its first
+    /// outputs) as soon as it has processed something, instead of having
+    /// spent its first interval on an empty commit before records arrived.
+    /// Handled, not consumed: records a merge holds while it waits for the
+    /// task's other input would make it a commit of nothing (sensor-fusion's
+    /// first temperatures come ~100 ms before its first humidities).
+    commit_once_handled: Option<u64>,
+}
+
+/// What a [`KafkaStage`] is built from; everything else starts empty.
+pub(crate) struct KafkaStageParts<P: Processor> {
+    pub engine: Engine<P>,
+    pub delivery: Delivery,
+    pub restorer: Restorer,
+    pub guarantee: ProcessingGuarantee,
+    pub state_dir: PathBuf,
+    /// The tasks open in this process, shared with the standby thread.
+    pub active: Arc<ActiveTasks>,
+    pub resources: StateResources,
+    pub metrics: StageMetrics,
+}
+
+/// Bytes of held outputs (exactly-once, a commit in flight) past which the
+/// thread stops processing and waits for the commit.
+const MAX_HELD_BYTES: usize = 64 << 20;
+
+/// The Kafka headers of a collected record.
+fn kafka_headers(record: &RecordView<'_>) -> Option<OwnedHeaders> {
+    match record.headers {
+        Headers::None => None,
+        Headers::Watermark(announcement) => Some(announcement.to_headers()),
+        Headers::DeadLetter(dead) => {
+            let message = record.text(&dead.message);
+            let partition = dead.partition.to_string();
+            let offset = dead.offset.to_string();
+            let fields = [
+                ("dlq.error.kind", dead.error_kind),
+                ("dlq.error.message", message),
+                ("dlq.source.topic", record.topic_name(dead.source_topic)),
+                ("dlq.source.partition", partition.as_str()),
+                ("dlq.source.offset", offset.as_str()),
+            ];
+            Some(fields.into_iter().fold(
+                OwnedHeaders::new_with_capacity(fields.len()),
+                |headers, (key, value)| {
+                    headers.insert(Header {
+                        key,
+                        value: Some(value),
+                    })
+                },
+            ))
+        }
+    }
+}
+
+impl<P: Processor> KafkaStage<P> {
+    pub fn new(parts: KafkaStageParts<P>) -> Self {
+        let KafkaStageParts {
+            engine,
+            delivery,
+            restorer,
+            guarantee,
+            state_dir,
+            active,
+            resources,
+            metrics,
+        } = parts;
+        KafkaStage {
+            engine,
+            delivery,
+            restorer,
+            guarantee,
+            state_dir,
+            active,
+            resources,
+            metrics,
+            phases: PhaseTimes::default(),
+            owned: HashSet::new(),
+            incomplete: BTreeSet::new(),
+            backpressured: HashSet::new(),
+            fatal: None,
+            in_flight: None,
+            commit_once_handled: None,
+        }
+    }
+
+    /// The stage's engine, to read from.
+    pub fn engine(&self) -> &Engine<P> {
+        &self.engine
+    }
+
+    /// Handles one consumed record.
+    pub fn handle(&mut self, message: &BorrowedMessage<'_>) -> anyhow::Result<()> {
+        let Some(subscription) = self.engine.subscription_index(message.topic()) else {
+            return Ok(());
+        };
+        let announcement = if self.engine.carries_stamps(subscription) {
+            message.headers().and_then(Announcement::from_headers)
+        } else {
+            None
+        };
+        let hold = self.holds_output();
+        let delivery = &mut self.delivery;
+        self.engine.handle(
+            Incoming {
+                subscription,
+                partition: message.partition(),
+                offset: message.offset(),
+                key: message.key(),
+                value: message.payload(),
+                announcement,
+            },
+            &mut |collector| send(collector, delivery, hold),
+        )?;
+        self.send_collected();
+        Ok(())
+    }
+
+    /// Moves everything the engine collected into the producer's queue,
+    /// unless it must wait for the next seal (see [`Self::holds_output`]).
+    fn send_collected(&mut self) {
+        let hold = self.holds_output();
+        send(&mut self.engine.collector, &mut self.delivery, hold);
+    }
+
+    /// Whether collected records must wait for the next seal, under
+    /// exactly-once: they belong to the transaction after the one in
+    /// flight; or the stage runs jobs, whose commit may wait for them, and
+    /// a record sent would open the transaction before that wait. Held
+    /// until the seal, when no job is left, the transaction stays open
+    /// only while its records are sent and acknowledged, however slow the
+    /// jobs (a transaction open past `transaction.timeout.ms` is aborted
+    /// by its coordinator, which fences the producer).
+    fn holds_output(&self) -> bool {
+        self.delivery.is_transactional()
+            && (self.in_flight.is_some() || self.engine.runs_jobs_off_thread())
+    }
+
+    /// Whether outputs held for the next seal have grown past their bound.
+    fn holds_too_much(&self) -> bool {
+        self.engine.collector.held_bytes() > MAX_HELD_BYTES
+    }
+
+    /// The topic partitions of (subscription, partition) `keys`.
+    fn partition_list(&self, keys: &[(usize, i32)]) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        for &(subscription, partition) in keys {
+            list.add_partition(&self.engine.subscriptions()[subscription].topic, partition);
+        }
+        list
+    }
+
+    fn publish_metrics(&self) {
+        let mut snapshot = self.engine.snapshot();
+        self.phases.export(&mut snapshot);
+        self.delivery.export(&mut snapshot);
+        snapshot.set(
+            crate::metrics::TASKS_INCOMPLETE,
+            vec![],
+            self.incomplete.len() as f64,
+        );
+        self.metrics.publish(snapshot);
+    }
+}
+
+/// Moves everything in `collector` into the producer's queue, unless `hold`.
+fn send(collector: &mut Collector, delivery: &mut Delivery, hold: bool) {
+    if hold {
+        return;
+    }
+    collector.drain(|record| {
+        delivery.send(Outgoing {
+            topic: record.topic,
+            partition: record.partition,
+            key: record.key,
+            payload: record.value,
+            headers: kafka_headers(&record),
+            tag: record
+                .changelog
+                .map_or(UNTRACKED, ChangelogPartition::delivery_tag),
+        });
+    });
+}

@@ -1,0 +1,312 @@
+//! Rebalances: the consumer context through which librdkafka's callbacks
+//! reach the stage, and what an assignment or a revocation does to tasks.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use std::sync::Mutex;
+
+use super::KafkaStage;
+use crate::engine::Engine;
+use crate::processor::Processor;
+
+/// The consumer context: rebalance callbacks reach the stage through it.
+pub(crate) struct StageContext<P: Processor> {
+    pub(super) stage: Mutex<Option<KafkaStage<P>>>,
+}
+
+pub(crate) type GroupConsumer<P> = BaseConsumer<StageContext<P>>;
+
+impl<P: Processor> ClientContext for StageContext<P> {}
+
+impl<P: Processor> StageContext<P> {
+    /// The context of a consumer that runs `stage`.
+    pub fn new(stage: KafkaStage<P>) -> Self {
+        StageContext {
+            stage: Mutex::new(Some(stage)),
+        }
+    }
+
+    /// Reads the stage's engine (between polls: a rebalance holds the stage).
+    pub fn with_engine<T>(&self, read: impl FnOnce(&Engine<P>) -> T) -> T {
+        let guard = self.stage.lock().unwrap();
+        read(guard.as_ref().expect("a built stage").engine())
+    }
+}
+
+impl<P: Processor> ConsumerContext for StageContext<P> {
+    /// rdkafka's own sequence (before, (un)assign, after), except that an
+    /// assignment names where each partition starts: its committed offset,
+    /// or the beginning where none is committed. Left to librdkafka, a
+    /// partition without a committed offset is reset to the beginning only
+    /// after a fixed 100 ms backoff (`rd_kafka_offset_reset`,
+    /// rdkafka_offset.c): a tenth of a second on every fresh start.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        let assigning = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        let revoking = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS;
+        if assigning {
+            start_at_committed(consumer, partitions);
+        }
+        let rebalance = if assigning {
+            Rebalance::Assign(partitions)
+        } else if revoking {
+            Rebalance::Revoke(partitions)
+        } else {
+            Rebalance::Error(KafkaError::Rebalance(err.into()))
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let applied = match (&rebalance, cooperative) {
+            (Rebalance::Assign(list), true) => consumer.incremental_assign(list),
+            (Rebalance::Assign(list), false) => consumer.assign(list),
+            (_, true) => consumer.incremental_unassign(partitions),
+            (_, false) => consumer.unassign(),
+        };
+        if let Err(error) = applied {
+            tracing::warn!(%error, "applying a rebalance failed");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(partitions) = rebalance {
+            let mut guard = self.stage.lock().unwrap();
+            if let Some(stage) = guard.as_mut() {
+                if let Err(error) = stage.revoke(consumer, partitions) {
+                    stage.fatal.get_or_insert(error);
+                }
+            }
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(partitions) => {
+                let mut guard = self.stage.lock().unwrap();
+                if let Some(stage) = guard.as_mut() {
+                    if let Err(error) = stage.assign(consumer, partitions) {
+                        stage.fatal.get_or_insert(error);
+                    }
+                }
+            }
+            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+impl<P: Processor> KafkaStage<P> {
+    /// Takes newly assigned partitions: opens (and restores) every task whose
+    /// partitions are now all here. A task of which only some partitions
+    /// are here (an incremental rebalance moves them one by one) stays
+    /// closed, its partitions paused, until the rest arrives.
+    pub(super) fn assign(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partitions: &TopicPartitionList,
+    ) -> anyhow::Result<()> {
+        self.metrics.set_ready(false);
+        let mut touched: Vec<i32> = Vec::new();
+        for element in partitions.elements() {
+            let Some(index) = self.engine.subscription_index(element.topic()) else {
+                continue;
+            };
+            if self.engine.subscriptions()[index].route.feeds_task() {
+                self.owned.insert((index, element.partition()));
+                touched.push(element.partition());
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for partition in touched {
+            self.settle_task(consumer, partition)?;
+        }
+        self.publish_metrics();
+        self.metrics.set_ready(true);
+        self.commit_once_handled = Some(self.engine.handled_records());
+        Ok(())
+    }
+
+    /// Opens task `partition` if all its partitions are owned and it is not
+    /// open; pauses what is owned of it otherwise.
+    pub(super) fn settle_task(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partition: i32,
+    ) -> anyhow::Result<()> {
+        let task_topics = self.engine.task_topics();
+        let owned: Vec<&String> = task_topics
+            .iter()
+            .filter(|(index, _)| self.owned.contains(&(*index, partition)))
+            .map(|(_, topic)| topic)
+            .collect();
+        let mut list = TopicPartitionList::new();
+        for topic in &owned {
+            list.add_partition(topic, partition);
+        }
+        if owned.len() < task_topics.len() {
+            if owned.is_empty() {
+                return Ok(());
+            }
+            if self.incomplete.insert(partition) {
+                tracing::warn!(
+                    partition,
+                    "this instance holds only some partitions of task {partition}; \
+                     it does not process them until the rest is assigned"
+                );
+            }
+            // Every owned one, also those that arrived after the first: a
+            // record of a task that is not open has nowhere to go.
+            consumer.pause(&list)?;
+            return Ok(());
+        }
+        if self.incomplete.remove(&partition) {
+            consumer.resume(&list)?;
+        }
+        if self.engine.has_task(partition) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.active.set(partition, true);
+        let store = self.open_store(consumer, partition)?;
+        self.engine.open_task(partition, store)?;
+        tracing::info!(
+            partition,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "task ready"
+        );
+        Ok(())
+    }
+
+    /// Commits, then closes the tasks that lose a partition; what they keep
+    /// of their partitions is paused until the task is whole again.
+    pub(super) fn revoke(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+        partitions: &TopicPartitionList,
+    ) -> anyhow::Result<()> {
+        self.commit(consumer)?;
+        // librdkafka keeps a partition's pause through its revocation: one
+        // paused here (its task incomplete) and assigned back later would
+        // never be fetched again. Resuming one that is not paused is a no-op.
+        consumer.resume(partitions)?;
+        // The tasks that lose a partition close and drop their buffers; the
+        // others pause again at the next tick if they still need to.
+        self.release_backpressure(consumer)?;
+        let mut touched = Vec::new();
+        for element in partitions.elements() {
+            let Some(index) = self.engine.subscription_index(element.topic()) else {
+                continue;
+            };
+            let partition = element.partition();
+            self.engine.release(index, partition);
+            if self.owned.remove(&(index, partition)) {
+                touched.push(partition);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for partition in touched {
+            let task_topics = self.engine.task_topics();
+            for (index, _) in &task_topics {
+                self.engine.release(*index, partition);
+            }
+            // Records of the partitions kept were consumed into the closed
+            // task's buffers but not processed: read them again from the
+            // offsets just committed.
+            let kept: Vec<&str> = task_topics
+                .iter()
+                .filter(|(index, _)| self.owned.contains(&(*index, partition)))
+                .map(|(_, topic)| topic.as_str())
+                .collect();
+            let committed = if kept.is_empty() {
+                Vec::new()
+            } else {
+                committed_for(consumer, &kept, partition)?
+            };
+            for (topic, committed) in kept.iter().zip(committed) {
+                let offset = committed.map_or(Offset::Beginning, Offset::Offset);
+                consumer.seek(topic, partition, offset, Duration::from_secs(10))?;
+            }
+            self.settle_task(consumer, partition)?;
+            self.active.set(partition, self.engine.has_task(partition));
+            if !self.owned.iter().any(|(_, p)| *p == partition) {
+                self.incomplete.remove(&partition);
+            }
+        }
+        self.publish_metrics();
+        Ok(())
+    }
+}
+
+/// Sets each of `partitions` to start at its committed offset, or at the
+/// beginning (`auto.offset.reset` is always `earliest`) where none is
+/// committed. Should the committed offsets not come, the list is left as it
+/// is and librdkafka looks them up itself.
+fn start_at_committed<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: &mut TopicPartitionList,
+) {
+    let committed = match consumer.committed_offsets(partitions.clone(), Duration::from_secs(30)) {
+        Ok(committed) => committed,
+        Err(error) => {
+            tracing::warn!(%error, "reading the committed offsets of an assignment");
+            return;
+        }
+    };
+    for element in committed.elements() {
+        let start = match element.offset() {
+            Offset::Offset(offset) => Offset::Offset(offset),
+            _ => Offset::Beginning,
+        };
+        // The partition is in the list: it was copied from it.
+        let _ = partitions.set_partition_offset(element.topic(), element.partition(), start);
+    }
+}
+
+/// The group's committed offsets of `topics` at `partition`.
+pub(super) fn committed_for<P: Processor>(
+    consumer: &GroupConsumer<P>,
+    topics: &[&str],
+    partition: i32,
+) -> anyhow::Result<Vec<Option<i64>>> {
+    let committed = committed_list(consumer, topics, partition)?;
+    Ok(topics
+        .iter()
+        .map(|topic| {
+            match committed
+                .find_partition(topic, partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(offset)) => Some(offset),
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// The group's committed offsets (with their metadata) of `topics` at
+/// `partition`.
+pub(super) fn committed_list<P: Processor>(
+    consumer: &GroupConsumer<P>,
+    topics: &[&str],
+    partition: i32,
+) -> anyhow::Result<TopicPartitionList> {
+    let mut request = TopicPartitionList::new();
+    for topic in topics {
+        request.add_partition(topic, partition);
+    }
+    Ok(consumer.committed_offsets(request, Duration::from_secs(30))?)
+}

@@ -1,0 +1,240 @@
+//! The poll loop: records handed to the engine in batches, a tick between
+//! batches (time acts, commits are sealed and finished), and back-pressure
+//! on task inputs that run ahead.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use super::{send, GroupConsumer, KafkaStage};
+use crate::metrics::Phase;
+use crate::processor::Processor;
+
+/// Records of one task input consumed and waiting in the task (a merge
+/// waiting for its other input, or a drain that yielded to a commit) past
+/// which the input's partition is paused; it is resumed once half of them
+/// are handled. Without this bound an input that runs ahead of a slow one
+/// (a backlog beside a repartition topic, which delivers only as each
+/// upstream transaction commits) would be read into memory whole.
+///
+/// Kafka Streams pauses at 1 000 (`buffered.records.per.partition`), but
+/// librdkafka, unlike the Java consumer, drops what it has prefetched for a
+/// partition when it is paused and fetches it again on resume; one fetch
+/// brings up to 1 MiB per partition, ~20 000 small records. Measured at
+/// 10 000: sensor-fusion, whose two inputs arrive in such fetches, fell
+/// from ~420k to ~265k records/s. So the bound is far above a fetch and
+/// acts only on a real backlog (~50–90 MiB of decoded orders at most).
+const MAX_BUFFERED: usize = 100_000;
+
+/// Records handled between two checks of timers, idleness and the commit interval.
+const MAX_BATCH: usize = 1_000;
+
+impl<P: Processor> KafkaStage<P> {
+    /// Serves delivery reports, lets time act, finishes the commit in flight
+    /// if its records are acknowledged, and seals the next one when the
+    /// interval has passed.
+    pub(super) fn tick(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let started = Instant::now();
+        self.delivery.poll();
+        let hold = self.holds_output();
+        let delivery = &mut self.delivery;
+        self.engine
+            .tick(&mut |collector| send(collector, delivery, hold))?;
+        self.send_collected();
+        self.phases.lap(Phase::Process, started);
+        self.try_finish_commit(consumer)?;
+        // A due commit with jobs in flight waits for them here, not in the
+        // seal: the loop goes on polling (the group keeps the member) while
+        // the engine takes nothing new and runs their completions.
+        if self.in_flight.is_none() && self.commit_due() && !self.engine.has_jobs() {
+            if self.engine.has_work_to_commit() {
+                self.seal_commit(consumer)?;
+            } else {
+                self.engine.skip_commit();
+                self.publish_metrics();
+            }
+        }
+        self.apply_backpressure(consumer)
+    }
+
+    /// Pauses each task input partition with [`MAX_BUFFERED`] records
+    /// waiting in its task, and resumes those paused here once half of
+    /// them are handled. (Partitions of incomplete tasks are paused for
+    /// another reason and never counted here: their tasks buffer nothing.)
+    pub(super) fn apply_backpressure(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let mut pause = Vec::new();
+        let mut resume = Vec::new();
+        for &key @ (subscription, partition) in &self.owned {
+            let buffered = self.engine.buffered(subscription, partition);
+            let paused = self.backpressured.contains(&key);
+            if !paused && buffered >= MAX_BUFFERED {
+                pause.push(key);
+            } else if paused && buffered <= MAX_BUFFERED / 2 {
+                resume.push(key);
+            }
+        }
+        if !pause.is_empty() {
+            consumer.pause(&self.partition_list(&pause))?;
+            self.backpressured.extend(pause);
+        }
+        if !resume.is_empty() {
+            consumer.resume(&self.partition_list(&resume))?;
+            for key in resume {
+                self.backpressured.remove(&key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Resumes every partition paused by [`Self::apply_backpressure`]: their
+    /// buffered records are about to be dropped and read again.
+    pub(super) fn release_backpressure(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+    ) -> anyhow::Result<()> {
+        let paused: Vec<(usize, i32)> = self.backpressured.drain().collect();
+        if !paused.is_empty() {
+            consumer.resume(&self.partition_list(&paused))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the commit interval has passed, or this is the first commit
+    /// after an assignment, records have been processed and no job is in
+    /// flight (a commit waits for jobs: an early one would stop processing
+    /// for them, which the interval's commit does only once per interval).
+    pub(super) fn commit_due(&self) -> bool {
+        self.engine.commit_due()
+            || self.holds_too_much()
+            || self.commit_once_handled.is_some_and(|handled| {
+                self.engine.handled_records() > handled && !self.engine.has_jobs()
+            })
+    }
+
+    /// Whether the loop should stop taking records and call [`Self::tick`]:
+    /// a commit is due, or held outputs have grown past their bound.
+    pub(super) fn wants_tick(&self) -> bool {
+        match self.in_flight {
+            // The first commit after an assignment waits for the tick after
+            // the records at hand, not for the first of them.
+            None => self.engine.commit_due() || self.holds_too_much(),
+            Some(_) => self.holds_too_much(),
+        }
+    }
+}
+
+/// Runs the stage until `shutdown`, then commits and leaves the group. After
+/// a failure (of the loop or of the final commit) the tasks hold
+/// uncommitted, possibly half-done work: the stage is dropped unseen, so
+/// that leaving the group (whose revocation would commit) commits nothing,
+/// and the next owner starts from the last commit.
+pub(crate) fn run_stage<P: Processor>(
+    consumer: GroupConsumer<P>,
+    shutdown: &AtomicBool,
+) -> anyhow::Result<()> {
+    let result = process_until_shutdown(&consumer, shutdown);
+    let closed = {
+        let mut guard = consumer.context().stage.lock().unwrap();
+        let closed = match (&result, guard.as_mut()) {
+            (Ok(()), Some(stage)) => stage.close(&consumer),
+            _ => Ok(()),
+        };
+        // A failed close is a failure too: its commit stopped half-way (a
+        // job that failed has already been taken from its task, with the
+        // state its submission changed left behind), and the revocation
+        // must not commit that.
+        if result.is_err() || closed.is_err() {
+            guard.take();
+        }
+        closed
+    };
+    // Leaving the group serves the revocation callback, which must find the
+    // stage unlocked.
+    consumer.unsubscribe();
+    drop(consumer);
+    result.and(closed)
+}
+
+/// Whether a consumer error ends the consumer for good: librdkafka's fatal
+/// errors, and a static member fenced by another with its instance id.
+/// Retrying those would only hang the thread.
+fn is_fatal(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::FencedInstanceId)
+    )
+}
+
+/// The main loop. The stage's lock is never held while polling, because
+/// rebalance callbacks run inside `poll` and take it.
+fn process_until_shutdown<P: Processor>(
+    consumer: &GroupConsumer<P>,
+    shutdown: &AtomicBool,
+) -> anyhow::Result<()> {
+    let mut last_poll_error = None::<Instant>;
+    while !shutdown.load(Ordering::Relaxed) {
+        // Wait briefly for the first record, then take what is already there;
+        // with a commit in flight, only as long as its acknowledgement takes;
+        // not at all while buffered records are ready to go.
+        let timeout = {
+            let guard = consumer.context().stage.lock().unwrap();
+            match guard.as_ref() {
+                Some(stage) if stage.engine.has_backlog() => Duration::ZERO,
+                // A completion or an acknowledgement is awaited: come back soon.
+                Some(stage) if stage.in_flight.is_some() || stage.engine.has_jobs() => {
+                    Duration::from_millis(1)
+                }
+                _ => Duration::from_millis(20),
+            }
+        };
+        // The clock is read around the batch, not per record: `poll` is the
+        // wait for its first record, `process` everything after it, the
+        // non-blocking polls that take what is already fetched included.
+        let wait_started = Instant::now();
+        let mut polled = consumer.poll(timeout);
+        let batch_started = Instant::now();
+        let mut handled = 0;
+        while let Some(result) = polled {
+            let mut guard = consumer.context().stage.lock().unwrap();
+            let stage = guard.as_mut().expect("stage present while running");
+            if let Some(error) = stage.fatal.take() {
+                return Err(error);
+            }
+            match result {
+                Ok(message) => stage.handle(&message)?,
+                Err(error) if is_fatal(&error) => {
+                    anyhow::bail!("the Kafka consumer failed and cannot go on: {error}");
+                }
+                Err(error) => {
+                    if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(%error, "consumer error (retrying)");
+                        last_poll_error = Some(Instant::now());
+                    }
+                    break;
+                }
+            }
+            handled += 1;
+            if handled == MAX_BATCH || stage.wants_tick() {
+                break;
+            }
+            // Rebalance callbacks run inside `poll` and take the lock.
+            drop(guard);
+            polled = consumer.poll(Duration::ZERO);
+        }
+        let mut guard = consumer.context().stage.lock().unwrap();
+        let stage = guard.as_mut().expect("stage present while running");
+        if let Some(error) = stage.fatal.take() {
+            return Err(error);
+        }
+        stage.phases.add(
+            Phase::Poll,
+            batch_started.saturating_duration_since(wait_started),
+        );
+        stage.phases.lap(Phase::Process, batch_started);
+        stage.tick(consumer)?;
+    }
+    tracing::info!("shutdown requested; committing and closing");
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! One run of each service over its example data (`tests/fixtures/`), with
+//! the exact expected output: on the local stack (each service's own test
+//! file) and on the secured cluster (`tests/tests/cluster_fixtures.rs`).
+//! Each returns the service, so a caller can look at its log and answers.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::batches::{assert_same_rows_per_tenant, row, without_embedding, Edit};
+use crate::*;
+
+/// sensor-fusion: the verdicts of the example readings.
+pub fn sensor_fusion() -> Service {
+    let temperature = unique("temperature-readings");
+    let humidity = unique("humidity-readings");
+    let output = unique("machine-maintenance");
+    create_topic(&temperature, 1);
+    create_topic(&humidity, 1);
+    let service = Service::start(
+        "sensor-fusion",
+        &args(&[
+            "--temperature-topic",
+            &temperature,
+            "--humidity-topic",
+            &humidity,
+            "--output-topic",
+            &output,
+            "--application-id",
+            &unique("sensor-fusion"),
+        ]),
+    );
+    produce(
+        &temperature,
+        "temperature-readings",
+        &fixture("sensor-fusion/temperature-readings.jsonl"),
+    );
+    produce(
+        &humidity,
+        "humidity-readings",
+        &fixture("sensor-fusion/humidity-readings.jsonl"),
+    );
+    let records = wait_for_records(&output, 2, Duration::from_secs(60));
+    assert_eq!(
+        records,
+        fixture("sensor-fusion/machine-maintenance.expected.jsonl"),
+        "log:\n{}",
+        service.log()
+    );
+    service
+}
+
+/// order-shipment-joiner: the example joins.
+pub fn order_shipment_joiner() -> Service {
+    let orders = unique("orders");
+    let shipments = unique("shipments");
+    let output = unique("shipped-orders");
+    create_topic(&orders, 1);
+    create_topic(&shipments, 1);
+    let service = Service::start(
+        "order-shipment-joiner",
+        &args(&[
+            "--orders-topic",
+            &orders,
+            "--shipments-topic",
+            &shipments,
+            "--output-topic",
+            &output,
+            "--application-id",
+            &unique("order-shipment-joiner"),
+        ]),
+    );
+    produce(
+        &orders,
+        "orders",
+        &fixture("order-shipment-joiner/orders.jsonl"),
+    );
+    produce(
+        &shipments,
+        "shipments",
+        &fixture("order-shipment-joiner/shipments.jsonl"),
+    );
+    let expected = fixture("order-shipment-joiner/shipped-orders.expected.jsonl");
+    let records = wait_for_records(&output, expected.len(), Duration::from_secs(60));
+    assert_eq!(sorted(records), sorted(expected), "log:\n{}", service.log());
+    service
+}
+
+/// sessionizer: bob's session ends on the timeout.
+pub fn sessionizer() -> Service {
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
+    let service = run.start(&[]);
+    produce(
+        &run.input,
+        "user-events",
+        &fixture("sessionizer/user-events.jsonl"),
+    );
+    let records = wait_for_records(&run.output, 1, Duration::from_secs(60));
+    assert_eq!(
+        records,
+        fixture("sessionizer/user-sessions.expected.jsonl"),
+        "log:\n{}",
+        service.log()
+    );
+    service
+}
+
+/// window-aggregator: the example windows, in order.
+pub fn window_aggregator() -> Service {
+    let run = SingleInputRun::new(
+        "window-aggregator",
+        "orders-marketplace",
+        "order-window-counts",
+        1,
+    );
+    let service = run.start(&[]);
+    produce(
+        &run.input,
+        "orders-marketplace",
+        &fixture("window-aggregator/orders-marketplace.jsonl"),
+    );
+    let expected = fixture("window-aggregator/order-window-counts.expected.jsonl");
+    let records = wait_for_records(&run.output, expected.len(), Duration::from_secs(60));
+    assert_eq!(records, expected, "log:\n{}", service.log());
+    service
+}
+
+/// embed-batcher: the worked example (the `make demo` edits, `--batch-size
+/// 3`): acme's full batch, globex's and initech's smaller ones, and acme's
+/// stale edit counted as late.
+pub fn embed_batcher() -> Service {
+    let run = SingleInputRun::new("embed-batcher", "articles", "article-embeddings", 1);
+    let service = run.start(&["--batch-size", "3", "--embedder", "hashing"]);
+    let text = std::fs::read_to_string(workspace().join("deploy/local/demo-data/articles.jsonl"))
+        .expect("demo data");
+    let input = parse_jsonl(&text);
+    produce(&run.input, "articles", &input);
+    let edits: Vec<Edit> = input.iter().map(Edit::from_line).collect();
+    let t = 1_783_332_000_000;
+    let expected = [
+        row(&edits[1], t + 4_000),
+        row(&edits[3], t + 4_000),
+        row(&edits[4], t + 4_000),
+        row(&edits[2], t + 31_000),
+        row(&edits[5], t + 31_000),
+        row(&edits[6], t + 39_000),
+        row(&edits[7], t + 39_000),
+    ];
+    let records = wait_for_records(&run.output, expected.len(), Duration::from_secs(60));
+    let rows: Vec<Value> = records.iter().map(|l| without_embedding(l, 384)).collect();
+    assert_same_rows_per_tenant(&rows, &expected, &service.log());
+    let late = format!("streams_records_late_total{{topic=\"{}\"}}", run.input);
+    assert!(
+        eventually(Duration::from_secs(30), || service.metric(&late) == 1.0),
+        "{}",
+        service.metrics()
+    );
+    service
+}
