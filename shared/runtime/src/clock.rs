@@ -22,10 +22,7 @@ pub(crate) enum Clock {
     /// of the system time at start: one clock read per [`Clock::now`] (it is
     /// read for every record), and processing time that a step of the
     /// system clock (a manual setting) does not move back or forth.
-    System {
-        start: Instant,
-        start_epoch_ms: i64,
-    },
+    System { start: Instant, start_epoch_ms: i64 },
     /// The test driver's.
     #[cfg(feature = "test-utils")]
     Manual(Arc<ManualTime>),
