@@ -32,7 +32,9 @@
 //! * `output`: encoding results; `collector`: what a stage writes, before a producer.
 //! * [`delivery`]: the producer, delivery reports and transactions.
 //! * `restore`: rebuilding task state from changelog topics.
-//! * `startup`: topic checks and creation, building a stage.
+//! * `planning`: a stage's topics, partitions and role, and the wiring of its
+//!   engine, with no broker; `startup`: the same on Kafka (topic checks and
+//!   creation, clients).
 //! * [`admin`]: client configuration and topic administration (also for `streamctl`).
 //! * [`metrics`] and `http`: what operators see.
 //! * `app`: [`service_main`] and [`Pipeline`], which wire it all together.
@@ -55,6 +57,7 @@ pub mod jobs;
 pub mod metrics;
 mod output;
 mod partitioner;
+mod planning;
 pub mod processor;
 mod restore;
 mod standby;

@@ -1,9 +1,6 @@
-//! Starting a stage: checking and creating its topics, registering its
-//! output schema, building its clients and its engine.
-//!
-//! [`wire_stage`] turns a topology into an engine once partition counts are
-//! known; both the Kafka stage and the test driver build engines with it, so
-//! that routes, internal topic names and store lists cannot drift apart.
+//! Starting a stage on Kafka: checking and creating its topics, registering
+//! its output schema, building its clients, and its engine through
+//! [`crate::planning`] (the broker-free part, shared with the test driver).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,26 +10,24 @@ use std::sync::Arc;
 use rdkafka::consumer::Consumer;
 use rdkafka::ClientConfig;
 
-use crate::avro::{leak_schema, AvroEncoder, Registry};
+use crate::avro::Registry;
 use crate::client::RegistrySettings;
 use crate::clock::Clock;
-use crate::collector::Collector;
 use crate::config::{GroupProtocol, ProcessingGuarantee, RuntimeArgs};
 use crate::delivery::Delivery;
 use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, KafkaStageParts, StageContext};
-use crate::engine::{
-    Engine, EngineParts, EngineSettings, InputRuntime, Rekeying, Route, SideTopics, Subscription,
-};
 use crate::metrics::Metrics;
-use crate::output::OutputEncoder;
+use crate::planning::{
+    co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, StageRole,
+    StageSettings, StageTopics, StageWiring,
+};
 use crate::processor::Processor;
 use crate::restore::Restorer;
 use crate::standby::{client_id, ActiveTasks, StandbySettings, StandbyUpdater};
 use crate::state::store::StateResources;
-use crate::task::{EventTimeSettings, InputKind};
 use crate::time::Idleness;
 use crate::topics::{Admin, TopicSpec};
-use crate::topology::{all_stores, InputSpec, Sink, Source, Topology};
+use crate::topology::{Sink, Topology};
 
 /// What every stage of a service shares while starting.
 pub(crate) struct ServiceEnv {
@@ -49,269 +44,6 @@ pub(crate) struct ServiceEnv {
     pub shutdown: Arc<AtomicBool>,
     /// The partition count of the stage that writes each link, by link name.
     pub link_writers: HashMap<&'static str, usize>,
-}
-
-/// One input topic of a stage, resolved.
-pub(crate) struct SourceTopic {
-    pub topic: String,
-    /// Whether partition *p* goes to task *p* (not re-keyed first).
-    pub co_partitioned: bool,
-    /// For a stage link: the writing stage's partition count.
-    pub link_writers: Option<usize>,
-}
-
-/// The topic of each input, with how it reaches the stage's tasks.
-pub(crate) fn resolve_sources<I>(
-    inputs: &[InputSpec<I>],
-    application_id: &str,
-    link_writers: &HashMap<&'static str, usize>,
-) -> anyhow::Result<Vec<SourceTopic>> {
-    inputs
-        .iter()
-        .map(|input| match &input.source {
-            Source::Topic(topic) => Ok(SourceTopic {
-                topic: topic.clone(),
-                co_partitioned: input.repartition.is_none(),
-                link_writers: None,
-            }),
-            Source::Link(link) => {
-                anyhow::ensure!(
-                    input.repartition.is_none(),
-                    "stage link {} cannot be repartitioned again",
-                    link.name
-                );
-                let writers = link_writers.get(link.name).copied().ok_or_else(|| {
-                    anyhow::anyhow!("stage link {} is written by no earlier stage", link.name)
-                })?;
-                Ok(SourceTopic {
-                    topic: link.topic(application_id),
-                    co_partitioned: true,
-                    link_writers: Some(writers),
-                })
-            }
-        })
-        .collect()
-}
-
-/// The partition count every co-partitioned input shares; inputs that
-/// disagree make the service refuse to start.
-pub(crate) fn co_partition_count(
-    sources: &[SourceTopic],
-    counts: &HashMap<String, usize>,
-) -> anyhow::Result<usize> {
-    let direct: Vec<(&str, usize)> = sources
-        .iter()
-        .filter(|s| s.co_partitioned)
-        .map(|s| (s.topic.as_str(), counts[&s.topic]))
-        .collect();
-    if let Some((_, first)) = direct.first() {
-        if direct.iter().any(|(_, count)| count != first) {
-            let listing: Vec<String> = direct
-                .iter()
-                .map(|(topic, count)| format!("{topic} has {count}"))
-                .collect();
-            anyhow::bail!(
-                "input topics are not co-partitioned: {}; they must have the same number of partitions",
-                listing.join(", ")
-            );
-        }
-        return Ok(*first);
-    }
-    Ok(counts.values().copied().max().unwrap_or(1))
-}
-
-/// The topics a stage writes and owns, named and sized.
-pub(crate) struct StageTopics {
-    pub output: String,
-    /// When the output is a stage link: its partition count.
-    pub link_partitions: Option<usize>,
-    pub dead_letters: String,
-    pub late: Option<String>,
-    /// Repartition topics, each with the stage's partition count.
-    pub repartitions: Vec<String>,
-    pub store_names: Vec<String>,
-    pub changelogs: Vec<String>,
-}
-
-/// Names every topic stage `application_id` writes.
-pub(crate) fn stage_topics<I, P: Processor>(
-    topology: &Topology<I>,
-    service_application_id: &str,
-    application_id: &str,
-    partitions: usize,
-    late_topic: Option<String>,
-) -> anyhow::Result<StageTopics> {
-    let (output, link_partitions) = match &topology.sink {
-        Sink::Topic(topic) => (topic.clone(), None),
-        Sink::Link(link) => (
-            link.topic(service_application_id),
-            Some(if link.single_partition { 1 } else { partitions }),
-        ),
-    };
-    let store_names = all_stores::<P>()?;
-    let changelogs = store_names
-        .iter()
-        .map(|store| format!("{application_id}-{store}-changelog"))
-        .collect();
-    let repartitions = topology
-        .inputs
-        .iter()
-        .filter_map(|input| input.repartition.as_ref())
-        .map(|repartition| format!("{application_id}-{}-repartition", repartition.name))
-        .collect();
-    Ok(StageTopics {
-        output,
-        link_partitions,
-        dead_letters: format!("{service_application_id}-dlq"),
-        late: late_topic,
-        repartitions,
-        store_names,
-        changelogs,
-    })
-}
-
-/// What a stage is called and how its clock treats quiet inputs.
-pub(crate) struct StageRole {
-    /// The stage's group, state directory and internal-topic prefix: the
-    /// service's application id, or `<app-id>-<name>` for a later stage.
-    pub application_id: String,
-    pub late_topic: Option<String>,
-    pub idleness: Idleness,
-}
-
-impl StageRole {
-    /// The role of stage `name` (`None` for the first) of the service whose
-    /// application id is `service_application_id`.
-    ///
-    /// Late records and idle inputs concern the service's input topics,
-    /// which only the first stage reads. A later stage's clock follows the
-    /// watermarks announced on its links (which already move with idleness
-    /// upstream), except that an upstream task never heard from (its input
-    /// partition received nothing) stops holding it back.
-    pub fn of(service_application_id: &str, name: Option<&str>, args: &RuntimeArgs) -> Self {
-        let first_stage = name.is_none();
-        StageRole {
-            application_id: match name {
-                None => service_application_id.to_string(),
-                Some(name) => format!("{service_application_id}-{name}"),
-            },
-            late_topic: args.late_topic.clone().filter(|_| first_stage),
-            idleness: match args.idle_timeout.map(|d| d.as_std()) {
-                None => Idleness::Off,
-                Some(timeout) if first_stage => Idleness::Inputs(timeout),
-                Some(timeout) => Idleness::Upstreams(timeout),
-            },
-        }
-    }
-}
-
-/// How a stage's event time, merging and jobs behave.
-pub(crate) struct TimeSettings {
-    pub commit_interval: std::time::Duration,
-    pub max_task_idle: std::time::Duration,
-    pub idleness: Idleness,
-    pub job_workers: usize,
-}
-
-/// Builds an engine of a stage from its topology, once its topics exist:
-/// one per processing thread, each with its own decoders.
-/// `counts` has the partition count of every source topic.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn wire_stage<P: Processor>(
-    topology: &Topology<P::Input>,
-    processor: P,
-    sources: &[SourceTopic],
-    counts: &HashMap<String, usize>,
-    topics: &StageTopics,
-    partitions: usize,
-    output_schema_id: u32,
-    time: TimeSettings,
-    registry: Registry,
-    clock: Clock,
-    shutdown: Arc<AtomicBool>,
-) -> anyhow::Result<Engine<P>> {
-    let mut collector = Collector::default();
-    let output_schema = leak_schema(&topology.output_schema)?;
-    let output = OutputEncoder::new(
-        collector.topic(&topics.output),
-        AvroEncoder::new(output_schema, output_schema_id)?,
-    );
-    let side = SideTopics {
-        dead_letters: collector.topic(&topics.dead_letters),
-        late: topics.late.as_deref().map(|late| collector.topic(late)),
-        changelogs: topics
-            .changelogs
-            .iter()
-            .map(|topic| collector.topic(topic))
-            .collect(),
-    };
-    let mut subscriptions = Vec::new();
-    let mut inputs = Vec::with_capacity(topology.inputs.len());
-    let mut repartition_topics = topics.repartitions.iter();
-    for (slot, (input, source)) in topology.inputs.iter().zip(sources).enumerate() {
-        let (kind, rekeying) = match &input.repartition {
-            None => {
-                let (route, kind) = match source.link_writers {
-                    None => (Route::Task { slot }, InputKind::Direct),
-                    Some(writers) => (Route::Shuffled { slot }, InputKind::Shuffled { writers }),
-                };
-                subscriptions.push(Subscription {
-                    topic: source.topic.clone(),
-                    route,
-                });
-                (kind, None)
-            }
-            Some(repartition) => {
-                let topic = repartition_topics
-                    .next()
-                    .expect("a topic name per repartitioning")
-                    .clone();
-                subscriptions.push(Subscription {
-                    topic: source.topic.clone(),
-                    route: Route::Rekey { slot },
-                });
-                subscriptions.push(Subscription {
-                    topic: topic.clone(),
-                    route: Route::Shuffled { slot },
-                });
-                let rekeying = Rekeying {
-                    topic: collector.topic(&topic),
-                    rekey: (repartition.rekey)(),
-                    downstream_partitions: partitions,
-                };
-                let writers = counts[&source.topic];
-                (InputKind::Shuffled { writers }, Some(rekeying))
-            }
-        };
-        inputs.push(InputRuntime {
-            decode: (input.decode)(),
-            kind,
-            rekeying,
-        });
-    }
-    let settings = EngineSettings {
-        commit_interval: time.commit_interval,
-        event_time: EventTimeSettings {
-            max_out_of_orderness: topology.max_out_of_orderness,
-            idleness: time.idleness,
-        },
-        max_task_idle: time.max_task_idle,
-        store_names: topics.store_names.clone(),
-        link_partitions: topics.link_partitions,
-        job_workers: time.job_workers,
-    };
-    Ok(Engine::new(EngineParts {
-        settings,
-        processor,
-        inputs,
-        subscriptions,
-        collector,
-        output,
-        side,
-        registry,
-        clock,
-        shutdown,
-    }))
 }
 
 /// A stable id for this instance's state directory, used in the
@@ -623,24 +355,24 @@ impl<P: Processor> StagePlan<P> {
         delivery: Delivery,
     ) -> anyhow::Result<GroupConsumer<P>> {
         let args = &env.args;
-        let mut engine = wire_stage(
-            &self.topology,
-            self.processor.clone(),
-            &self.sources,
-            &self.counts,
-            &self.topics,
-            self.partitions,
-            self.schema_id,
-            TimeSettings {
+        let mut engine = wire_stage(StageWiring {
+            topology: &self.topology,
+            processor: self.processor.clone(),
+            sources: &self.sources,
+            counts: &self.counts,
+            topics: &self.topics,
+            partitions: self.partitions,
+            output_schema_id: self.schema_id,
+            settings: StageSettings {
                 commit_interval: args.commit_interval.as_std(),
                 max_task_idle: args.max_task_idle.as_std(),
                 idleness: self.idleness,
                 job_workers: self.topology.job_workers,
             },
-            self.registry.clone(),
-            Clock::system(),
-            env.shutdown.clone(),
-        )?;
+            registry: self.registry.clone(),
+            clock: Clock::system(),
+            shutdown: env.shutdown.clone(),
+        })?;
         let restorer = Restorer::new(&env.client_config, &self.application_id)?;
         engine.yield_to_commits();
         let stage = KafkaStage::new(KafkaStageParts {

@@ -117,9 +117,9 @@ use crate::engine::{Engine, Incoming, RecordCounts, Subscription};
 use crate::metrics::{Metrics, Snapshot};
 use crate::partitioner::murmur2_partition;
 use crate::processor::{MapState, Processor, ValueState};
-use crate::startup::{
+use crate::planning::{
     co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, StageRole,
-    TimeSettings,
+    StageSettings, StageWiring,
 };
 use crate::state::codec::{decode_value, map_prefix, MapKey};
 use crate::state::store::{StateResources, TaskStore};
@@ -483,25 +483,25 @@ pub(crate) fn driver_stage<P: Processor>(
     let schema_id = env
         .registry
         .register(&format!("{}-value", topics.output), &topology.output_schema)?;
-    let engine = wire_stage(
-        &topology,
+    let engine = wire_stage(StageWiring {
+        topology: &topology,
         processor,
-        &sources,
-        &counts,
-        &topics,
+        sources: &sources,
+        counts: &counts,
+        topics: &topics,
         partitions,
-        schema_id,
-        TimeSettings {
+        output_schema_id: schema_id,
+        settings: StageSettings {
             commit_interval: env.args.commit_interval.as_std(),
             max_task_idle: env.args.max_task_idle.as_std(),
             idleness,
             // Jobs run inline: results in tests do not depend on thread timing.
             job_workers: 0,
         },
-        env.registry.clone(),
-        env.clock.clone(),
-        env.shutdown.clone(),
-    )?;
+        registry: env.registry.clone(),
+        clock: env.clock.clone(),
+        shutdown: env.shutdown.clone(),
+    })?;
     let mut stage = EngineStage {
         name,
         committed_counts: engine.record_counts(),
