@@ -116,11 +116,11 @@ use crate::collector::Headers;
 use crate::engine::{Engine, Incoming, RecordCounts, Subscription};
 use crate::metrics::{Metrics, Snapshot};
 use crate::partitioner::murmur2_partition;
-use crate::processor::{MapState, Processor, ValueState};
 use crate::planning::{
     co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, StageRole,
     StageSettings, StageWiring,
 };
+use crate::processor::{MapState, Processor, ValueState};
 use crate::state::codec::{decode_value, map_prefix, MapKey};
 use crate::state::store::{StateResources, TaskStore};
 use crate::topology::{Source, Topology};
