@@ -58,6 +58,7 @@ pub mod metrics;
 mod output;
 mod partitioner;
 mod planning;
+mod pool;
 pub mod processor;
 mod restore;
 mod standby;

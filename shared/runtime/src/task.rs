@@ -23,8 +23,9 @@ use std::time::Duration;
 
 use crate::clock::Now;
 use crate::collector::Collector;
-use crate::jobs::{self, JobPool};
+use crate::jobs;
 use crate::output::OutputEncoder;
+use crate::pool::WorkerPool;
 use crate::processor::{Context, DerivedTimers, Processor, Record, StateView, Timer, TimerName};
 use crate::state::store::{StoreIndex, TaskStore};
 use crate::time::{
@@ -63,7 +64,7 @@ pub(crate) struct TaskEnv<'a> {
     /// Set when the service is asked to stop.
     pub shutdown: &'a Arc<AtomicBool>,
     /// Where submitted jobs run.
-    pub jobs: &'a JobPool,
+    pub jobs: &'a WorkerPool,
 }
 
 /// Where a buffered entry came from: its topic (engine index) and offset.

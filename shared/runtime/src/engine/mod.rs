@@ -36,8 +36,8 @@ use rustc_hash::FxHashMap;
 use crate::avro::{DecodeError, Registry};
 use crate::clock::Clock;
 use crate::collector::{Collector, Headers, TopicId};
-use crate::jobs::JobPool;
 use crate::output::OutputEncoder;
+use crate::pool::WorkerPool;
 use crate::processor::Processor;
 use crate::task::{EventTimeSettings, InputKind, Origin, Outcome, Pending, Task, TaskEnv};
 use crate::topology::{DecodeFn, RekeyFn};
@@ -258,7 +258,7 @@ pub(crate) struct Engine<P: Processor> {
     /// sealed: a commit with nothing new is skipped.
     sealed_progress: (u64, u64),
     shutdown: Arc<AtomicBool>,
-    jobs: JobPool,
+    jobs: WorkerPool,
     /// Whether a drain stops once a commit is due (see [`Engine::yield_to_commits`]).
     yields_to_commits: bool,
     /// When jobs in flight hold the tasks back.
@@ -289,7 +289,7 @@ impl<P: Processor> Engine<P> {
             ..EngineCounters::default()
         };
         let last_commit = parts.clock.now().instant;
-        let jobs = JobPool::new("job-worker", parts.settings.job_workers);
+        let jobs = WorkerPool::new("job-worker", parts.settings.job_workers);
         let job_gate = JobGate::for_workers(parts.settings.job_workers);
         Engine {
             job_gate,

@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use super::codec::{decode_value, encode_value};
 use super::layer::Layer;
-use crate::jobs::JobPool;
+use crate::pool::WorkerPool;
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options,
@@ -59,7 +59,7 @@ pub struct StateResources {
     cache: Cache,
     write_buffers: WriteBufferManager,
     read_caches: Arc<ReadCacheBudget>,
-    writers: Arc<JobPool>,
+    writers: Arc<WorkerPool>,
 }
 
 /// The read caches' share of the budget, split evenly among open tasks.
@@ -94,7 +94,7 @@ impl StateResources {
                 bytes: read_cache_bytes,
                 tasks: AtomicUsize::new(0),
             }),
-            writers: Arc::new(JobPool::new("state-writer", writers)),
+            writers: Arc::new(WorkerPool::new("state-writer", writers)),
         }
     }
 
@@ -271,7 +271,7 @@ pub struct TaskStore {
     /// keep their capacity: two sets of layers take turns).
     spare: Option<Vec<Changes>>,
     cache: ReadCache,
-    writers: Arc<JobPool>,
+    writers: Arc<WorkerPool>,
 }
 
 /// A commit's changes on their way into RocksDB, shared with the writer
