@@ -260,21 +260,43 @@ wait_brokers() {
   done
 }
 
-# Prefixed ACLs on each service's application id: its topics (internal ones are
-# <app-id>-...), its consumer groups (<app-id>, <app-id>-<stage>) and transactional ids.
+# Each service's topics, as prefixes of topic names (the tests' unique names start with them):
+# what it reads, then what it writes. Its internal topics, consumer groups (<app-id>,
+# <app-id>-<stage>) and transactional ids all start with its application id, its user name.
+service_topics() {
+  case "$1" in
+    sensor-fusion)         echo "temperature-readings humidity-readings|machine-maintenance" ;;
+    order-shipment-joiner) echo "orders shipments|shipped-orders" ;;
+    sessionizer)           echo "user-events|user-sessions" ;;
+    window-aggregator)     echo "orders-marketplace|order-window-counts" ;;
+    embed-batcher)         echo "articles|article-embeddings" ;;
+  esac
+}
+
+# Prefixed ACLs: everything on the service's own prefix and its output, reading its inputs.
+# One AclCommand (a JVM) per line, all at once; redone when this list changes.
 grant_acls() {
-  [ -f "$CLUSTER_HOME/.acls" ] && return 0
-  local svc pids=()
-  log "granting ACLs: ${SERVICES[*]} each on its own prefix"
+  local svc inputs output args topic pids=() stamp
+  stamp="$(declare -f service_topics grant_acls | sha256sum | cut -d' ' -f1)"
+  [ "$(cat "$CLUSTER_HOME/.acls" 2>/dev/null)" = "$stamp" ] && return 0
+  log "granting ACLs: ${SERVICES[*]}, each on its own prefix, inputs and output"
   for svc in "${SERVICES[@]}"; do
-    kafka_java org.apache.kafka.tools.AclCommand --bootstrap-server "$(bootstrap)" \
-      --command-config "$ADMIN_JAVA" --add --allow-principal "User:$svc" --operation All \
-      --resource-pattern-type prefixed --topic "$svc" --group "$svc" --transactional-id "$svc" \
+    IFS='|' read -r topic output <<<"$(service_topics "$svc")"
+    read -r -a inputs <<<"$topic"
+    args=(--bootstrap-server "$(bootstrap)" --command-config "$ADMIN_JAVA" --add
+          --allow-principal "User:$svc" --resource-pattern-type prefixed)
+    kafka_java org.apache.kafka.tools.AclCommand "${args[@]}" --operation All \
+      --topic "$svc" --topic "$output" --group "$svc" --transactional-id "$svc" \
       >>"$LOGS/acls.log" 2>&1 &
+    pids+=($!)
+    local topics=()
+    for topic in "${inputs[@]}"; do topics+=(--topic "$topic"); done
+    kafka_java org.apache.kafka.tools.AclCommand "${args[@]}" --operation Read \
+      --operation Describe "${topics[@]}" >>"$LOGS/acls.log" 2>&1 &
     pids+=($!)
   done
   for svc in "${pids[@]}"; do wait "$svc" || die_log "$LOGS/acls.log" "granting ACLs failed"; done
-  touch "$CLUSTER_HOME/.acls"
+  echo "$stamp" > "$CLUSTER_HOME/.acls"
 }
 
 # ---- registry: TLS and basic auth (it keeps schemas in memory, it does not use Kafka) -------

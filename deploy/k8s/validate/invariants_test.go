@@ -429,11 +429,30 @@ func TestOverlayDifferences(t *testing.T) {
 		if *sts.Spec.Replicas < 2 {
 			t.Errorf("prod %s: %d replicas; a PodDisruptionBudget of maxUnavailable 1 then allows a full outage", sts.Name, *sts.Spec.Replicas)
 		}
-		args := strings.Join(sts.Spec.Template.Spec.Containers[0].Args, " ")
-		for _, want := range []string{"--kafka=sasl.username=$(KAFKA_USERNAME)", "--kafka=sasl.password=$(KAFKA_PASSWORD)", "--kafka=security.protocol="} {
-			if !strings.Contains(args, want) {
-				t.Errorf("prod %s: args lack %s", sts.Name, want)
+		// Credentials come from a mounted Secret, never from args (visible to every user of the node).
+		container := sts.Spec.Template.Spec.Containers[0]
+		if args := strings.Join(container.Args, " "); strings.Contains(args, "sasl.") {
+			t.Errorf("prod %s: SASL settings in args: %s", sts.Name, args)
+		}
+		configFile := ""
+		for _, env := range container.Env {
+			if env.Name == "KAFKA_CONFIG_FILE" {
+				configFile = env.Value
 			}
+		}
+		mounted := false
+		for _, volume := range sts.Spec.Template.Spec.Volumes {
+			if volume.Secret == nil || volume.Secret.SecretName != "streams-kafka-credentials" {
+				continue
+			}
+			for _, mount := range container.VolumeMounts {
+				if mount.Name == volume.Name && configFile != "" && strings.HasPrefix(configFile, mount.MountPath+"/") {
+					mounted = true
+				}
+			}
+		}
+		if !mounted {
+			t.Errorf("prod %s: KAFKA_CONFIG_FILE (%q) is not a file of the mounted Secret streams-kafka-credentials", sts.Name, configFile)
 		}
 	}
 	if len(prod.Monitors) == 0 {

@@ -1,0 +1,326 @@
+//! The services on a secured three-broker cluster (deploy/local/cluster.sh):
+//! SASL_SSL with SCRAM-SHA-512, ACLs, replication factor 3 with
+//! `min.insync.replicas=2`, a TLS registry with basic auth.
+//!
+//! One test binary, so the cluster starts once (a no-op when `make test` or
+//! `make cluster-up` started it). Tests that stop brokers hold the write
+//! side of [`BROKERS`]; the others the read side, so no test meets two
+//! brokers down. Every log and HTTP answer is searched for the passwords.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use e2e_tests::cluster::{self, assert_no_password};
+use e2e_tests::*;
+use serde_json::Value;
+
+static BROKERS: RwLock<()> = RwLock::new(());
+
+/// The log and the HTTP answers of `service` hold no password.
+fn assert_nothing_leaks(service: &Service) {
+    assert_no_password(&service.log(), "the service log");
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let answer = http_get(service.http_port, path).unwrap_or_default();
+        assert_no_password(&answer, path);
+    }
+}
+
+fn fixture_through_sasl_ssl(run: fn() -> Service) {
+    cluster::use_cluster();
+    let _brokers = BROKERS.read().unwrap_or_else(|e| e.into_inner());
+    let service = run();
+    assert_nothing_leaks(&service);
+}
+
+#[test]
+fn sensor_fusion_fixture_through_sasl_ssl() {
+    fixture_through_sasl_ssl(fixture_runs::sensor_fusion);
+}
+
+#[test]
+fn order_shipment_joiner_fixture_through_sasl_ssl() {
+    fixture_through_sasl_ssl(fixture_runs::order_shipment_joiner);
+}
+
+#[test]
+fn sessionizer_fixture_through_sasl_ssl() {
+    fixture_through_sasl_ssl(fixture_runs::sessionizer);
+}
+
+#[test]
+fn window_aggregator_fixture_through_sasl_ssl() {
+    fixture_through_sasl_ssl(fixture_runs::window_aggregator);
+}
+
+#[test]
+fn embed_batcher_fixture_through_sasl_ssl() {
+    fixture_through_sasl_ssl(fixture_runs::embed_batcher);
+}
+
+/// The sessionizer's properties file with `key` set to `value`.
+fn sessionizer_properties_with(key: &str, value: &str) -> PathBuf {
+    let original = std::fs::read_to_string(cluster::properties("sessionizer")).unwrap();
+    let mut text: String = original
+        .lines()
+        .filter(|line| !line.starts_with(&format!("{key}=")))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    text.push_str(&format!("{key}={value}\n"));
+    let path = scratch_dir().join(format!("{}.properties", unique("client")));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Starts the sessionizer with `properties` over a fresh input, expects
+/// it to exit with an error within a minute and returns its log.
+fn sessionizer_fails(properties: &PathBuf, output: &str) -> String {
+    cluster::use_cluster();
+    let _brokers = BROKERS.read().unwrap_or_else(|e| e.into_inner());
+    let input = unique("user-events");
+    create_topic(&input, 1);
+    let started = Instant::now();
+    let service = Service::start(
+        "sessionizer",
+        &args(&[
+            "--input-topic",
+            &input,
+            "--output-topic",
+            output,
+            "--application-id",
+            &unique("sessionizer"),
+            // The flags file names the user's own; a later flag wins.
+            "--kafka-config-file",
+            properties.to_str().unwrap(),
+        ]),
+    );
+    let (status, log) = service
+        .wait_exit(Duration::from_secs(60))
+        .expect("the service must give up, not retry forever");
+    assert!(!status.success(), "{log}");
+    assert_no_password(&log, "the log");
+    eprintln!("failed after {:?}", started.elapsed());
+    log
+}
+
+#[test]
+fn a_wrong_password_is_an_authentication_error() {
+    let properties = sessionizer_properties_with("sasl.password", "not-the-password");
+    let log = sessionizer_fails(&properties, &unique("user-sessions"));
+    assert!(log.contains("Authentication failed"), "{log}");
+    assert!(log.contains("SCRAM-SHA-512"), "{log}");
+}
+
+#[test]
+fn a_ca_that_did_not_sign_the_brokers_certificates_is_a_tls_error() {
+    let dir = scratch_dir().join(unique("other-ca"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    let made = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=another-ca", "-keyout"])
+        .arg(dir.join("ca.key"))
+        .arg("-out")
+        .arg(&ca)
+        .output()
+        .expect("run openssl");
+    assert!(made.status.success(), "{made:?}");
+    let properties = sessionizer_properties_with("ssl.ca.location", ca.to_str().unwrap());
+    let log = sessionizer_fails(&properties, &unique("user-sessions"));
+    assert!(log.contains("SSL handshake failed"), "{log}");
+    assert!(log.contains("certificate verify failed"), "{log}");
+}
+
+#[test]
+fn an_output_topic_without_an_acl_is_named_with_the_operation() {
+    // The sessionizer user may write topics named user-sessions* and
+    // sessionizer*, nothing else.
+    let output = unique("forbidden-sessions");
+    let log = sessionizer_fails(&cluster::properties("sessionizer"), &output);
+    // With no ACL at all on the topic, looking it up is the first thing denied.
+    assert!(
+        log.contains(&format!("not authorized to describe topic {output}")),
+        "{log}"
+    );
+    assert!(log.contains("DESCRIBE ACL"), "{log}");
+}
+
+/// `count` orders and one shipment each, `order_id % 90` hours later; the
+/// expected `ship_id -> hr_to_ship`.
+fn joiner_input(count: i64) -> (Vec<Value>, Vec<Value>, HashMap<String, i64>) {
+    let start = 1_700_000_000;
+    let mut orders = Vec::new();
+    let mut shipments = Vec::new();
+    let mut expected = HashMap::new();
+    for id in 0..count {
+        let ts = start + id * 30;
+        let hours = id % 90;
+        let ship_id = format!("s-{id}");
+        orders.push(json!({"key": id.to_string(), "value": {"id": id, "total_amount": 1.5, "customer_name": "c", "order_ts_raw": ts}}));
+        shipments.push(json!({"key": ship_id, "value": {"id": ship_id, "order_id": id, "warehouse": "Boston", "ship_ts_raw": ts + hours * 3_600}}));
+        expected.insert(ship_id, hours);
+    }
+    (orders, shipments, expected)
+}
+
+/// Nothing lost, nothing doubled: one output per shipment, with its hours.
+fn assert_exact_joins(output: &[Value], expected: &HashMap<String, i64>, log: &str) {
+    let mut seen: HashMap<String, i64> = HashMap::new();
+    for record in output {
+        let value = &record["value"];
+        let ship_id = value["ship_id"].as_str().unwrap().to_string();
+        let hours = value["hr_to_ship"].as_i64().unwrap();
+        assert!(
+            seen.insert(ship_id.clone(), hours).is_none(),
+            "{ship_id} joined twice"
+        );
+    }
+    assert_eq!(seen.len(), expected.len(), "joins: {}\n{log}", seen.len());
+    assert!(seen == *expected, "wrong hours in the joins\n{log}");
+}
+
+/// Samples the consumed-records counter of `service` every 50 ms while
+/// `during` runs; returns the longest time it stood still.
+fn longest_stall(service: &Service, series: &str, during: impl FnOnce()) -> Duration {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let (mut last, mut since, mut longest) = (-1.0, Instant::now(), Duration::ZERO);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = service.metric(series);
+                if now != last {
+                    longest = longest.max(since.elapsed());
+                    (last, since) = (now, Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            longest
+        });
+        during();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    })
+}
+
+/// The joiner over `count` orders and shipments on two partitions under
+/// exactly_once_v2, with `disrupt` run once a fifth of the input is
+/// consumed; the output must be exact.
+fn joiner_survives(count: i64, disrupt: impl FnOnce(&Service, &JoinerTopics)) {
+    cluster::use_cluster();
+    let _brokers = BROKERS.write().unwrap_or_else(|e| e.into_inner());
+    let topics = JoinerTopics::new();
+    let (orders, shipments, expected) = joiner_input(count);
+    produce(&topics.orders, "orders", &orders);
+    produce(&topics.shipments, "shipments", &shipments);
+    let service = Service::start(
+        "order-shipment-joiner",
+        &args(&[
+            "--orders-topic",
+            &topics.orders,
+            "--shipments-topic",
+            &topics.shipments,
+            "--output-topic",
+            &topics.output,
+            "--application-id",
+            &topics.application_id,
+            "--processing-guarantee",
+            "exactly_once_v2",
+        ]),
+    );
+    let series = format!(
+        "streams_records_consumed_total{{topic=\"{}\"}}",
+        topics.orders
+    );
+    assert!(
+        eventually(Duration::from_secs(300), || service.metric(&series)
+            >= count as f64 / 5.0),
+        "{}",
+        service.log()
+    );
+    disrupt(&service, &topics);
+    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(600));
+    assert_exact_joins(&output, &expected, &service.log());
+    assert_nothing_leaks(&service);
+}
+
+struct JoinerTopics {
+    orders: String,
+    shipments: String,
+    output: String,
+    application_id: String,
+}
+
+impl JoinerTopics {
+    fn new() -> Self {
+        let topics = JoinerTopics {
+            orders: unique("orders"),
+            shipments: unique("shipments"),
+            output: unique("shipped-orders"),
+            application_id: unique("order-shipment-joiner"),
+        };
+        create_topic(&topics.orders, 2);
+        create_topic(&topics.shipments, 2);
+        topics
+    }
+}
+
+/// Orders (and as many shipments) of the leader-loss test: 200k records.
+const LEADER_LOSS_ORDERS: i64 = 100_000;
+
+/// kill -9 the leader of an input partition, bring it back; later kill -9
+/// the leader of the output partition, then that of a changelog partition
+/// (one broker down at a time), bringing each back.
+#[test]
+fn leader_loss_under_exactly_once_leaves_the_output_exact() {
+    joiner_survives(LEADER_LOSS_ORDERS, |service, topics| {
+        let consumed = format!(
+            "streams_records_consumed_total{{topic=\"{}\"}}",
+            topics.orders
+        );
+        let lose = |what: &str, broker: usize| {
+            let stall = longest_stall(service, &consumed, || {
+                cluster::kill(broker);
+                std::thread::sleep(Duration::from_secs(5));
+                cluster::start(broker);
+            });
+            eprintln!("{what} leader {broker} killed for 5 s: longest stall {stall:?}");
+            let next = (service.metric(&consumed) + 5_000.0).min(LEADER_LOSS_ORDERS as f64);
+            assert!(
+                eventually(Duration::from_secs(300), || service.metric(&consumed)
+                    >= next),
+                "no progress after losing the {what} leader:\n{}",
+                service.log()
+            );
+        };
+        lose("input", cluster::leader(&topics.orders, 0) as usize);
+        lose("output", cluster::leader(&topics.output, 0) as usize);
+        let changelog = cluster_topics()
+            .into_iter()
+            .find(|t| t.starts_with(&topics.application_id) && t.ends_with("-changelog"))
+            .expect("a changelog topic");
+        lose("changelog", cluster::leader(&changelog, 0) as usize);
+    });
+}
+
+#[test]
+fn a_rolling_restart_of_every_broker_leaves_the_output_exact() {
+    joiner_survives(60_000, |service, topics| {
+        let consumed = format!(
+            "streams_records_consumed_total{{topic=\"{}\"}}",
+            topics.orders
+        );
+        let stall = longest_stall(service, &consumed, cluster::roll);
+        eprintln!("rolling restart: longest stall {stall:?}");
+    });
+}
+
+fn cluster_topics() -> Vec<String> {
+    streamctl_ok(&["topics", "list"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
