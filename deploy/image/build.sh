@@ -32,8 +32,10 @@ for binary in "${BINARIES[@]}"; do
 done
 
 image_step "podman build $tag ($profile binaries from $CARGO_TARGET_DIR/$profile)"
-podman build --quiet --pull=never --layers \
+podman build --quiet --pull=never --layers --label io.streams.build=deploy-image \
   --build-arg BINARIES=host --build-arg MODEL=host \
   --build-context "host-bins=$bins" --build-context "host-model=$model" \
   -f deploy/docker/Dockerfile -t "$tag" . >/dev/null
+# The image this tag had before, now untagged; only this script's.
+podman image prune --force --filter label=io.streams.build=deploy-image >/dev/null
 podman image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' "$tag"
