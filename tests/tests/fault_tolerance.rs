@@ -261,3 +261,18 @@ fn two_instances_survive_losing_one() {
     let output = wait_for_records(&run.output, run.expected.len(), Duration::from_secs(240));
     assert_same_records(&output, &run.expected, &second.log());
 }
+
+/// A commit interval longer than the transaction timeout (60 s against
+/// 10 s): a transaction open for a quarter of the timeout is committed
+/// whatever the interval, so the output comes within seconds and no
+/// transaction is aborted by its coordinator.
+#[test]
+fn a_commit_interval_longer_than_the_transaction_timeout_still_commits() {
+    let run = prepare(1, 2_000, &["--commit-interval", "60s"]);
+    let service = Service::start("sessionizer", &run.arguments);
+    let output = wait_for_records(&run.output, run.expected.len(), Duration::from_secs(40));
+    assert_same_records(&output, &run.expected, &service.log());
+    service.assert_no_aborted_commit();
+    let longest = service.metric("streams_transaction_open_seconds_max");
+    assert!(longest < 5.0, "a transaction stayed open {longest} s");
+}

@@ -16,6 +16,8 @@
 //! the log writer ([`RedactingStderr`]) and the services' error output apply
 //! it.
 
+pub(crate) mod kafka;
+
 use std::borrow::Cow;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
+pub use crate::client::kafka::GroupProtocol;
 use crate::client::ClientArgs;
 use crate::duration::HumanDuration;
 
@@ -23,15 +24,6 @@ pub enum ProcessingGuarantee {
     /// repeat the outputs of one commit interval.
     #[value(name = "at_least_once")]
     AtLeastOnce,
-}
-
-/// Which consumer group protocol the stages' consumers speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum GroupProtocol {
-    /// Eager rebalancing, librdkafka's range assignor.
-    Classic,
-    /// KIP-848 incremental rebalancing, the broker's range assignor.
-    Consumer,
 }
 
 /// Log line format.

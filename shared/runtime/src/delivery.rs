@@ -234,9 +234,10 @@ impl Delivery {
         if let Some(id) = transactional_id {
             config.set("transactional.id", id);
             // Short, so that the open transaction of an instance that never
-            // comes back holds read_committed readers back for 10 s at most;
-            // a processor that may block longer (a slow external call) sets a
-            // larger one with --kafka.
+            // comes back holds read_committed readers back for 10 s at most.
+            // No transaction waits for a processor's jobs, and one open for
+            // a quarter of this is committed at once (docs/architecture.md,
+            // "Forward progress"), so a slow external call needs no more.
             if config.get("transaction.timeout.ms").is_none() {
                 config.set("transaction.timeout.ms", "10000");
             }
@@ -429,12 +430,38 @@ impl Delivery {
         group: Option<&ConsumerGroupMetadata>,
         phases: &mut PhaseTimes,
     ) -> Result<(), CommitError> {
+        let outlived = self.transaction_outlived_its_timeout();
         let result = self.try_commit(generation, offsets, group, phases);
         if result.is_err() {
             self.send_failure = None;
             self.replace_if_fatal()?;
         }
-        result
+        match result {
+            // The coordinator aborted the transaction and bumped the
+            // producer's epoch: "fenced" names this producer's own timeout,
+            // not another instance. The new producer carries on from the
+            // last commit.
+            Err(CommitError::Fatal(reason)) if outlived => Err(CommitError::Aborted(format!(
+                "{reason} (the transaction was open longer than transaction.timeout.ms, \
+                 so its coordinator aborted it)"
+            ))),
+            other => other,
+        }
+    }
+
+    /// How long the open transaction has been open.
+    pub fn transaction_age(&self) -> Option<Duration> {
+        self.transaction_began.map(|began| began.elapsed())
+    }
+
+    /// The producer's `transaction.timeout.ms` (unbounded without transactions).
+    pub fn transaction_timeout(&self) -> Duration {
+        self.transaction_timeout
+    }
+
+    fn transaction_outlived_its_timeout(&self) -> bool {
+        self.transaction_age()
+            .is_some_and(|age| age >= self.transaction_timeout)
     }
 
     fn try_commit(

@@ -28,7 +28,7 @@
 //!   letters, commits as state sees them — writing into a `collector`;
 //!   `engine::kafka_stage` runs it on a consumer group (poll loop, producer,
 //!   transactions, rebalances).
-//! * [`jobs`]: work a processor hands off the processing thread, and its completions.
+//! * `pool`: the worker threads that run processors' jobs and state writes.
 //! * `output`: encoding results; `collector`: what a stage writes, before a producer.
 //! * [`delivery`]: the producer, delivery reports and transactions.
 //! * `restore`: rebuilding task state from changelog topics.
@@ -53,7 +53,6 @@ pub mod delivery;
 pub mod duration;
 mod engine;
 mod http;
-pub mod jobs;
 pub mod metrics;
 mod output;
 mod partitioner;
@@ -84,8 +83,8 @@ pub use config::RuntimeArgs;
 pub use duration::HumanDuration;
 pub use partitioner::murmur2_partition;
 pub use processor::{
-    Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record, StateView, Timer,
-    TimerName, ValueState,
+    Completion, Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record,
+    StateView, Timer, TimerName, ValueState,
 };
 pub use state::codec::MapKey;
 pub use time::{TimeDomain, NO_WATERMARK};
@@ -93,10 +92,9 @@ pub use topology::{InputStream, StageLink, Topology};
 
 /// What a service's processor and topology code imports.
 pub mod prelude {
-    pub use crate::jobs::Completion;
     pub use crate::processor::{
-        Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record, StateView,
-        Timer, TimerName, ValueState,
+        Completion, Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record,
+        StateView, Timer, TimerName, ValueState,
     };
     pub use crate::time::{TimeDomain, NO_WATERMARK};
     pub use crate::topology::{InputStream, StageLink, Topology};

@@ -11,6 +11,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::client::kafka::changelog_reader_config;
 use crate::state::store::TaskStore;
 
 /// Records written to RocksDB per batch while restoring.
@@ -78,21 +79,6 @@ impl ChangelogReach {
                 .collect(),
         )
     }
-}
-
-/// The settings of a consumer that reads changelogs by assignment (its
-/// group id only names it): committed records only, no offsets of its own,
-/// prefetching eagerly. Used by restores and standby replicas.
-pub(crate) fn changelog_reader_config(base: &ClientConfig, group_id: String) -> ClientConfig {
-    let mut config = base.clone();
-    config
-        .set("group.id", group_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false");
-    crate::startup::prefetch_eagerly(&mut config);
-    config
 }
 
 /// How long a restore retries reading a changelog partition's offsets.

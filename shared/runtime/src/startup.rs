@@ -3,7 +3,7 @@
 //! [`crate::planning`] (the broker-free part, shared with the test driver).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -11,9 +11,10 @@ use rdkafka::consumer::Consumer;
 use rdkafka::ClientConfig;
 
 use crate::avro::Registry;
+use crate::client::kafka::{client_id, group_consumer_config, instance_id, member_id};
 use crate::client::RegistrySettings;
 use crate::clock::Clock;
-use crate::config::{GroupProtocol, ProcessingGuarantee, RuntimeArgs};
+use crate::config::{ProcessingGuarantee, RuntimeArgs};
 use crate::delivery::Delivery;
 use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, KafkaStageParts, StageContext};
 use crate::metrics::Metrics;
@@ -23,7 +24,7 @@ use crate::planning::{
 };
 use crate::processor::Processor;
 use crate::restore::Restorer;
-use crate::standby::{client_id, ActiveTasks, StandbySettings, StandbyUpdater};
+use crate::standby::{ActiveTasks, StandbySettings, StandbyUpdater};
 use crate::state::store::StateResources;
 use crate::time::Idleness;
 use crate::topics::{Admin, TopicSpec};
@@ -44,32 +45,6 @@ pub(crate) struct ServiceEnv {
     pub shutdown: Arc<AtomicBool>,
     /// The partition count of the stage that writes each link, by link name.
     pub link_writers: HashMap<&'static str, usize>,
-}
-
-/// A stable id for this instance's state directory, used in the
-/// transactional id (without `--instance-id`) so that a restarted instance
-/// fences its predecessor.
-fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
-    let path = state_dir.join("instance.id");
-    if let Ok(existing) = std::fs::read_to_string(&path) {
-        return Ok(existing.trim().to_string());
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos();
-    let id = format!("{:x}{:x}", nanos, std::process::id());
-    std::fs::write(&path, &id)
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-    Ok(id)
-}
-
-/// The name of processing thread `index` of instance `base`, for what must
-/// be unique per client of the group (see [`StreamThread::member_id`]).
-pub(crate) fn member_id(base: &str, index: usize) -> String {
-    match index {
-        0 => base.to_string(),
-        index => format!("{base}-{index}"),
-    }
 }
 
 /// One processing thread of a stage (`--stream-threads`).
@@ -388,7 +363,8 @@ impl<P: Processor> StagePlan<P> {
         let group_instance_id = args.instance_id.as_deref().map(|id| thread.member_id(id));
         let context = StageContext::new(stage);
         let consumer: GroupConsumer<P> = group_consumer_config(
-            env,
+            &env.client_config,
+            args.group_protocol,
             &self.application_id,
             &client_id(&self.instance, thread.index),
             group_instance_id.as_deref(),
@@ -449,89 +425,6 @@ fn subscribe<P: Processor>(consumer: &GroupConsumer<P>) -> anyhow::Result<Vec<St
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&names)?;
     Ok(topics)
-}
-
-/// The settings of a stage's group consumer (one per processing thread).
-fn group_consumer_config(
-    env: &ServiceEnv,
-    application_id: &str,
-    client_id: &str,
-    group_instance_id: Option<&str>,
-) -> ClientConfig {
-    let mut config = env.client_config.clone();
-    config
-        .set("group.id", application_id)
-        .set("client.id", client_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false");
-    prefetch_eagerly(&mut config);
-    // One fetch request is in flight per broker, and its response is decoded
-    // and queued partition after partition: with librdkafka's 1 MiB per
-    // partition a two-input task gets ~50 000 records of one input before
-    // the first of the other (~60 ms at startup), and the prefetch holds
-    // more. Measured at 256 KiB: sensor-fusion's peak RSS 160 -> 107 MiB,
-    // the sessionizer's 122 -> 112, records/s unchanged within the noise.
-    // (A broker still returns a whole record batch larger than this; the
-    // changelog readers, which read in bulk, keep 1 MiB.)
-    if config.get("max.partition.fetch.bytes").is_none() {
-        config.set("max.partition.fetch.bytes", "262144");
-    }
-    // The prefetch queue is refilled below this many records (librdkafka:
-    // 100 000), and refilled within `fetch.queue.backoff.ms` (5 ms, above):
-    // 10 000 records are 15-100 ms of processing here, so the stage never
-    // finds it empty, and the records a queue holds are a third of the
-    // default's memory. Measured: peak RSS sessionizer 113 -> 77-84 MiB,
-    // sensor-fusion 105 -> 73-74, window-aggregator 90 -> 55, joiner 305 ->
-    // 270, records/s unchanged within the noise (2 000 and 5 000 saved no
-    // more).
-    if config.get("queued.min.messages").is_none() {
-        config.set("queued.min.messages", "10000");
-    }
-    match env.args.group_protocol {
-        // Range hands out equal-numbered partitions of co-partitioned topics
-        // together: the co-location every task needs.
-        GroupProtocol::Classic => {
-            config.set("partition.assignment.strategy", "range");
-        }
-        GroupProtocol::Consumer => {
-            config.set("group.protocol", "consumer");
-            if config.get("group.remote.assignor").is_none() {
-                config.set("group.remote.assignor", "range");
-            }
-        }
-    }
-    if let Some(instance) = group_instance_id {
-        config.set("group.instance.id", instance);
-    }
-    config
-}
-
-/// librdkafka stops fetching a partition once its prefetch queue holds
-/// `queued.min.messages` records, and by default then waits a whole second
-/// (`fetch.queue.backoff.ms`) before it looks again. A stage that processes
-/// faster than that drains the queue and sits idle for the rest of the
-/// second: measured, half of sensor-fusion's wall time. Looking again after
-/// a few milliseconds keeps the queue filled. A value set with `--kafka` wins.
-///
-/// Likewise `fetch.wait.max.ms`: a partition resumed after a pause (see
-/// `MAX_BUFFERED` in `engine/kafka_stage/run_loop.rs`) is fetched only by the next
-/// fetch request to its broker, and the one in flight may be parked there
-/// for that long when the other partitions have nothing new (the joiner's
-/// repartition topic between two upstream commits). With pauses at 10 000
-/// records the joiner lost ~15 % of its records/s to such waits at
-/// librdkafka's 500 ms and none at 20 ms; at the bound kept (100 000) the
-/// difference was within the noise (BENCHMARKS.md). An idle consumer then
-/// sends ~50 fetch requests a second per broker.
-pub(crate) fn prefetch_eagerly(config: &mut ClientConfig) {
-    if config.get("fetch.queue.backoff.ms").is_none() {
-        config.set("fetch.queue.backoff.ms", "5");
-    }
-    if config.get("fetch.wait.max.ms").is_none() {
-        config.set("fetch.wait.max.ms", "20");
-    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use crate::clock::Now;
 use crate::collector::Collector;
-use crate::jobs;
 use crate::output::OutputEncoder;
 use crate::pool::WorkerPool;
 use crate::processor::{Context, DerivedTimers, Processor, Record, StateView, Timer, TimerName};
@@ -148,7 +147,7 @@ pub(crate) struct Task<P: Processor> {
     /// stage link.
     pub announced: Option<i64>,
     /// Jobs started and not yet completed, in submission order.
-    in_flight: VecDeque<jobs::JobResult<P>>,
+    in_flight: VecDeque<crate::processor::JobResult<P>>,
 }
 
 const TASK_WATERMARK_KEY: &[u8] = b"T";

@@ -34,8 +34,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::client::kafka::changelog_reader_config;
 use crate::metrics::{Snapshot, StageMetrics, STANDBY_LAG, STANDBY_RECORDS, STANDBY_TASKS};
-use crate::restore::changelog_reader_config;
 use crate::state::store::{RestoreBatch, StateResources, TaskStore};
 use placement::standby_tasks;
 use watcher::GroupWatcher;
@@ -76,20 +76,6 @@ impl ActiveTasks {
     fn snapshot(&self) -> BTreeSet<i32> {
         self.tasks.lock().unwrap().clone()
     }
-}
-
-/// How a member of the stage's group is named, so that every instance can
-/// tell which process a member belongs to and sort members as the range
-/// assignor does. `client.id` is `<instance>/<thread>`.
-pub(crate) fn client_id(instance: &str, thread: usize) -> String {
-    format!("{instance}/{thread}")
-}
-
-/// The instance and thread of a [`client_id`]; `None` for a client id of
-/// another form.
-pub(crate) fn parse_client_id(client_id: &str) -> Option<(&str, usize)> {
-    let (instance, thread) = client_id.rsplit_once('/')?;
-    Some((instance, thread.parse().ok()?))
 }
 
 /// What the standby thread of a stage needs to know about it.
@@ -388,17 +374,4 @@ fn write_staged(standby: &mut Standby) -> anyhow::Result<()> {
     }
     let batch = std::mem::replace(&mut standby.batch, standby.store.restore_batch());
     standby.store.write_restored(batch)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_client_id_names_its_instance_and_thread() {
-        assert_eq!(parse_client_id(&client_id("pod-0", 2)), Some(("pod-0", 2)));
-        assert_eq!(parse_client_id(&client_id("a/b", 0)), Some(("a/b", 0)));
-        assert_eq!(parse_client_id("rdkafka"), None);
-        assert_eq!(parse_client_id("x/y"), None);
-    }
 }

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
-use super::parse_client_id;
 use super::placement::{decode_assignment, Member};
 use super::REFRESH;
+use crate::client::kafka::{member_id, parse_client_id};
 
 /// How long one round trip of the watcher may take.
 const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -134,7 +134,7 @@ impl GroupWatcher {
                     .collect();
                 let (instance, order) = match parse_client_id(member.client_id()) {
                     Some((instance, thread)) if self.static_members => {
-                        let order = crate::startup::member_id(instance, thread);
+                        let order = member_id(instance, thread);
                         (instance.to_string(), order)
                     }
                     Some((instance, _)) => (instance.to_string(), member.id().to_string()),

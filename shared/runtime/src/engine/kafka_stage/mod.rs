@@ -216,6 +216,18 @@ impl<P: Processor> KafkaStage<P> {
             && (self.in_flight.is_some() || self.engine.runs_jobs_off_thread())
     }
 
+    /// Whether the open transaction has been open for a quarter of
+    /// `transaction.timeout.ms`: the commit is then due whatever the commit
+    /// interval, so that a long `--commit-interval` or a slow stretch of
+    /// processing does not keep it open until its coordinator aborts it.
+    fn transaction_ages(&self) -> bool {
+        self.in_flight.is_none()
+            && self
+                .delivery
+                .transaction_age()
+                .is_some_and(|age| age >= self.delivery.transaction_timeout() / 4)
+    }
+
     /// Whether outputs held for the next seal have grown past their bound.
     fn holds_too_much(&self) -> bool {
         self.engine.collector.held_bytes() > MAX_HELD_BYTES

@@ -108,6 +108,7 @@ impl<P: Processor> KafkaStage<P> {
     pub(super) fn commit_due(&self) -> bool {
         self.engine.commit_due()
             || self.holds_too_much()
+            || self.transaction_ages()
             || self.commit_once_handled.is_some_and(|handled| {
                 self.engine.handled_records() > handled && !self.engine.has_jobs()
             })
@@ -119,7 +120,7 @@ impl<P: Processor> KafkaStage<P> {
         match self.in_flight {
             // The first commit after an assignment waits for the tick after
             // the records at hand, not for the first of them.
-            None => self.engine.commit_due() || self.holds_too_much(),
+            None => self.engine.commit_due() || self.holds_too_much() || self.transaction_ages(),
             Some(_) => self.holds_too_much(),
         }
     }

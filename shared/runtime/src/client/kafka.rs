@@ -1,0 +1,185 @@
+//! What every librdkafka client of a stage is configured with beyond the
+//! shared properties, and how each is named: group consumers, changelog
+//! readers, client ids, member ids and instance ids. (The producer's
+//! settings are `Delivery`'s.)
+
+use std::path::Path;
+
+use clap::ValueEnum;
+use rdkafka::ClientConfig;
+
+/// Which consumer group protocol the stages' consumers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GroupProtocol {
+    /// Eager rebalancing, librdkafka's range assignor.
+    Classic,
+    /// KIP-848 incremental rebalancing, the broker's range assignor.
+    Consumer,
+}
+
+/// How a member of the stage's group is named, so that every instance can
+/// tell which process a member belongs to and sort members as the range
+/// assignor does. `client.id` is `<instance>/<thread>`.
+pub(crate) fn client_id(instance: &str, thread: usize) -> String {
+    format!("{instance}/{thread}")
+}
+
+/// The instance and thread of a [`client_id`]; `None` for a client id of
+/// another form.
+pub(crate) fn parse_client_id(client_id: &str) -> Option<(&str, usize)> {
+    let (instance, thread) = client_id.rsplit_once('/')?;
+    Some((instance, thread.parse().ok()?))
+}
+
+/// A stable id for this instance's state directory, used in the
+/// transactional id (without `--instance-id`) so that a restarted instance
+/// fences its predecessor.
+pub(crate) fn instance_id(state_dir: &Path) -> anyhow::Result<String> {
+    let path = state_dir.join("instance.id");
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        return Ok(existing.trim().to_string());
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    let id = format!("{:x}{:x}", nanos, std::process::id());
+    std::fs::write(&path, &id)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    Ok(id)
+}
+
+/// The name of processing thread `index` of instance `base`, for what must
+/// be unique per client of the group (see `StreamThread::member_id`).
+pub(crate) fn member_id(base: &str, index: usize) -> String {
+    match index {
+        0 => base.to_string(),
+        index => format!("{base}-{index}"),
+    }
+}
+
+/// The settings of a stage's group consumer (one per processing thread).
+pub(crate) fn group_consumer_config(
+    base: &ClientConfig,
+    protocol: GroupProtocol,
+    application_id: &str,
+    client_id: &str,
+    group_instance_id: Option<&str>,
+) -> ClientConfig {
+    let mut config = base.clone();
+    config
+        .set("group.id", application_id)
+        .set("client.id", client_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false");
+    prefetch_eagerly(&mut config);
+    // One fetch request is in flight per broker, and its response is decoded
+    // and queued partition after partition: with librdkafka's 1 MiB per
+    // partition a two-input task gets ~50 000 records of one input before
+    // the first of the other (~60 ms at startup), and the prefetch holds
+    // more. Measured at 256 KiB: sensor-fusion's peak RSS 160 -> 107 MiB,
+    // the sessionizer's 122 -> 112, records/s unchanged within the noise.
+    // (A broker still returns a whole record batch larger than this; the
+    // changelog readers, which read in bulk, keep 1 MiB.)
+    if config.get("max.partition.fetch.bytes").is_none() {
+        config.set("max.partition.fetch.bytes", "262144");
+    }
+    // The prefetch queue is refilled below this many records (librdkafka:
+    // 100 000), and refilled within `fetch.queue.backoff.ms` (5 ms, above):
+    // 10 000 records are 15-100 ms of processing here, so the stage never
+    // finds it empty, and the records a queue holds are a third of the
+    // default's memory. Measured: peak RSS sessionizer 113 -> 77-84 MiB,
+    // sensor-fusion 105 -> 73-74, window-aggregator 90 -> 55, joiner 305 ->
+    // 270, records/s unchanged within the noise (2 000 and 5 000 saved no
+    // more).
+    if config.get("queued.min.messages").is_none() {
+        config.set("queued.min.messages", "10000");
+    }
+    match protocol {
+        // Range hands out equal-numbered partitions of co-partitioned topics
+        // together: the co-location every task needs.
+        GroupProtocol::Classic => {
+            config.set("partition.assignment.strategy", "range");
+        }
+        GroupProtocol::Consumer => {
+            config.set("group.protocol", "consumer");
+            if config.get("group.remote.assignor").is_none() {
+                config.set("group.remote.assignor", "range");
+            }
+        }
+    }
+    if let Some(instance) = group_instance_id {
+        config.set("group.instance.id", instance);
+    }
+    config
+}
+
+/// The settings of a consumer that reads changelogs by assignment (its
+/// group id only names it): committed records only, no offsets of its own,
+/// prefetching eagerly. Used by restores and standby replicas.
+pub(crate) fn changelog_reader_config(base: &ClientConfig, group_id: String) -> ClientConfig {
+    let mut config = base.clone();
+    config
+        .set("group.id", group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false");
+    prefetch_eagerly(&mut config);
+    config
+}
+
+/// librdkafka stops fetching a partition once its prefetch queue holds
+/// `queued.min.messages` records, and by default then waits a whole second
+/// (`fetch.queue.backoff.ms`) before it looks again. A stage that processes
+/// faster than that drains the queue and sits idle for the rest of the
+/// second: measured, half of sensor-fusion's wall time. Looking again after
+/// a few milliseconds keeps the queue filled. A value set with `--kafka` wins.
+///
+/// Likewise `fetch.wait.max.ms`: a partition resumed after a pause (see
+/// `MAX_BUFFERED` in `engine/kafka_stage/run_loop.rs`) is fetched only by the next
+/// fetch request to its broker, and the one in flight may be parked there
+/// for that long when the other partitions have nothing new (the joiner's
+/// repartition topic between two upstream commits). With pauses at 10 000
+/// records the joiner lost ~15 % of its records/s to such waits at
+/// librdkafka's 500 ms and none at 20 ms; at the bound kept (100 000) the
+/// difference was within the noise (BENCHMARKS.md). An idle consumer then
+/// sends ~50 fetch requests a second per broker.
+pub(crate) fn prefetch_eagerly(config: &mut ClientConfig) {
+    if config.get("fetch.queue.backoff.ms").is_none() {
+        config.set("fetch.queue.backoff.ms", "5");
+    }
+    if config.get("fetch.wait.max.ms").is_none() {
+        config.set("fetch.wait.max.ms", "20");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_id_names_its_instance_and_thread() {
+        assert_eq!(parse_client_id(&client_id("pod-0", 2)), Some(("pod-0", 2)));
+        assert_eq!(parse_client_id(&client_id("a/b", 0)), Some(("a/b", 0)));
+        assert_eq!(parse_client_id("rdkafka"), None);
+        assert_eq!(parse_client_id("x/y"), None);
+    }
+
+    #[test]
+    fn thread_zero_keeps_the_base_id_and_the_others_add_their_index() {
+        assert_eq!(member_id("pod-0", 0), "pod-0");
+        assert_eq!(member_id("pod-0", 2), "pod-0-2");
+    }
+
+    #[test]
+    fn a_setting_given_by_the_user_wins_over_the_eager_prefetch() {
+        let mut config = ClientConfig::new();
+        config.set("fetch.wait.max.ms", "500");
+        prefetch_eagerly(&mut config);
+        assert_eq!(config.get("fetch.wait.max.ms"), Some("500"));
+        assert_eq!(config.get("fetch.queue.backoff.ms"), Some("5"));
+    }
+}
