@@ -3,4 +3,7 @@
 
 pub mod codec;
 mod layer;
+mod read_cache;
+mod resources;
+mod restore_batch;
 pub mod store;

@@ -25,103 +25,26 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::codec::{decode_value, encode_value};
 use super::layer::Layer;
+use super::read_cache::ReadCache;
+pub use super::resources::StateResources;
+pub use super::restore_batch::RestoreBatch;
 use crate::pool::WorkerPool;
 
-use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options,
-    ReadOptions, WriteBatch, WriteBufferManager, DB,
-};
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, ReadOptions, WriteBatch, DB};
 
 /// Column family holding, per store, the last changelog offset applied locally.
 const CHECKPOINTS: &str = "__checkpoints";
 /// RocksDB's own column family, which every database has.
 const DEFAULT_FAMILY: &str = "default";
-
-/// State memory shared by every task of the process: one RocksDB block
-/// cache, with memtables charged to it, and the tasks' read caches, so the
-/// whole process stays under one budget however many stores and tasks it has
-/// (a Kafka Streams pain point). And the threads that write committed
-/// changes to RocksDB.
-#[derive(Clone)]
-pub struct StateResources {
-    cache: Cache,
-    write_buffers: WriteBufferManager,
-    read_caches: Arc<ReadCacheBudget>,
-    writers: Arc<WorkerPool>,
-}
-
-/// The read caches' share of the budget, split evenly among open tasks.
-struct ReadCacheBudget {
-    bytes: usize,
-    tasks: AtomicUsize,
-}
-
-impl StateResources {
-    /// Resources capped at `limit_bytes` in total: a sixteenth for the read
-    /// caches (values read or written recently, kept in front of RocksDB:
-    /// 8 MiB a generation for one task at the default limit, about the
-    /// 32 768 entries of ~200 bytes they held before they were counted in
-    /// bytes), the rest for RocksDB.
-    ///
-    /// `writers` threads write committed changes to RocksDB, one per
-    /// processing thread is enough (each task has one write at a time); with
-    /// none, each write is done at once on the processing thread.
-    pub fn new(limit_bytes: usize, writers: usize) -> Self {
-        let read_cache_bytes = limit_bytes / 16;
-        let rocksdb_bytes = limit_bytes - read_cache_bytes;
-        let cache = Cache::new_lru_cache(rocksdb_bytes);
-        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
-            rocksdb_bytes / 2,
-            false,
-            cache.clone(),
-        );
-        StateResources {
-            cache,
-            write_buffers,
-            read_caches: Arc::new(ReadCacheBudget {
-                bytes: read_cache_bytes,
-                tasks: AtomicUsize::new(0),
-            }),
-            writers: Arc::new(WorkerPool::new("state-writer", writers)),
-        }
-    }
-
-    fn options(&self) -> Options {
-        let mut options = Options::default();
-        options.create_if_missing(true);
-        options.create_missing_column_families(true);
-        options.set_write_buffer_manager(&self.write_buffers);
-        // Small memtables per column family (the manager caps the total):
-        // RocksDB preallocates each write-ahead log at 1.1x the memtable size,
-        // so the 64 MiB default costs ~70 MiB of disk per task before any data.
-        options.set_write_buffer_size(16 << 20);
-        // A bloom filter over whole keys in the memtable: most point reads of
-        // keys not in state (a new order id, a new user) end there instead of
-        // searching the skip list.
-        options.set_memtable_whole_key_filtering(true);
-        options.set_memtable_prefix_bloom_ratio(0.05);
-        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        options.set_max_background_jobs(2);
-        let mut table = BlockBasedOptions::default();
-        table.set_block_cache(&self.cache);
-        table.set_bloom_filter(10.0, false);
-        table.set_cache_index_and_filter_blocks(true);
-        options.set_block_based_table_factory(&table);
-        options
-    }
-}
 
 /// Changes of one store: since the last seal (the overlay), or sealed for
 /// the commit in flight (no value decoded any more).
@@ -185,77 +108,6 @@ impl<T: Serialize + Any + Send + Sync> StateValue for T {
     }
 }
 
-/// Committed values read or written recently, per store: two generations of
-/// hash maps give an approximate LRU with O(1) operations and no per-entry
-/// bookkeeping — a key not touched for two generations falls out. Maps are
-/// keyed by the key bytes alone (one map per store), so a lookup borrows the
-/// key instead of allocating a copy, and a retired generation's map is
-/// cleared and reused rather than grown again from empty.
-///
-/// A generation holds up to half the task's share of the read caches'
-/// budget, in bytes (keys, values and [`CACHE_ENTRY_OVERHEAD`]), so large
-/// values mean fewer entries, not more memory.
-struct ReadCache {
-    recent: Vec<FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
-    older: Vec<FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
-    /// Bytes in `recent`, over all stores.
-    recent_bytes: usize,
-    budget: Arc<ReadCacheBudget>,
-}
-
-/// What a cached entry costs beyond its key and value: the map's slot, the
-/// two vectors' headers and the allocator's rounding, roughly.
-const CACHE_ENTRY_OVERHEAD: usize = 64;
-
-impl ReadCache {
-    fn new(stores: usize, budget: Arc<ReadCacheBudget>) -> Self {
-        budget.tasks.fetch_add(1, Ordering::Relaxed);
-        ReadCache {
-            recent: vec![FxHashMap::default(); stores],
-            older: vec![FxHashMap::default(); stores],
-            recent_bytes: 0,
-            budget,
-        }
-    }
-
-    /// This task's share of the budget, per generation.
-    fn generation_bytes(&self) -> usize {
-        let tasks = self.budget.tasks.load(Ordering::Relaxed).max(1);
-        self.budget.bytes / tasks / 2
-    }
-
-    fn get(&mut self, store: StoreIndex, key: &[u8]) -> Option<&Option<Vec<u8>>> {
-        if !self.recent[store].contains_key(key) {
-            let (key, value) = self.older[store].remove_entry(key)?;
-            self.insert(store, key, value);
-        }
-        self.recent[store].get(key)
-    }
-
-    fn insert(&mut self, store: StoreIndex, key: Vec<u8>, value: Option<Vec<u8>>) {
-        if self.recent_bytes >= self.generation_bytes() {
-            std::mem::swap(&mut self.recent, &mut self.older);
-            self.recent.iter_mut().for_each(FxHashMap::clear);
-            self.recent_bytes = 0;
-        }
-        // A replaced entry is counted again: the estimate errs high.
-        self.recent_bytes += key.len() + value.as_ref().map_or(0, Vec::len) + CACHE_ENTRY_OVERHEAD;
-        self.recent[store].insert(key, value);
-    }
-
-    fn clear(&mut self) {
-        self.recent.iter_mut().for_each(FxHashMap::clear);
-        self.older.iter_mut().for_each(FxHashMap::clear);
-        self.recent_bytes = 0;
-    }
-}
-
-impl Drop for ReadCache {
-    fn drop(&mut self) {
-        self.budget.tasks.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// The state of one task: named stores in one RocksDB, plus the overlay.
 pub struct TaskStore {
     db: Arc<DB>,
@@ -281,67 +133,6 @@ struct Applying {
     /// The changelog offset each changed store reaches with them.
     checkpoints: Vec<(StoreIndex, i64)>,
     written: Receiver<anyhow::Result<()>>,
-}
-
-/// Changelog records being restored into a [`TaskStore`], written to
-/// RocksDB in key order, together with the changelog offset each store
-/// reaches.
-///
-/// In key order because a memtable insert resumes its search where the
-/// last one ended: in changelog order (keys at random) each insert searched
-/// the skip list from the top, a third of a restore's time (measured).
-pub struct RestoreBatch {
-    records: Vec<Restored>,
-    /// Every record's key and value bytes, one after the other.
-    bytes: Vec<u8>,
-    checkpoints: Vec<Option<i64>>,
-}
-
-/// A restored record: its store, and where its key and value (none for a
-/// tombstone) are in the batch's bytes.
-struct Restored {
-    store: StoreIndex,
-    key: Range<usize>,
-    value: Option<Range<usize>>,
-}
-
-impl RestoreBatch {
-    /// Records in the batch.
-    pub fn records(&self) -> usize {
-        self.records.len()
-    }
-
-    fn push(&mut self, store: StoreIndex, key: &[u8], value: Option<&[u8]>) {
-        let mut store_bytes = |bytes: &[u8]| {
-            let start = self.bytes.len();
-            self.bytes.extend_from_slice(bytes);
-            start..self.bytes.len()
-        };
-        let key = store_bytes(key);
-        let value = value.map(store_bytes);
-        self.records.push(Restored { store, key, value });
-    }
-
-    /// The records as (store, key, value) in key order (by store, then
-    /// key), only the last of a key's records in the batch: the state they
-    /// leave.
-    fn in_key_order(&mut self) -> impl Iterator<Item = (StoreIndex, &[u8], Option<&[u8]>)> {
-        let bytes = &self.bytes;
-        let sort_key = |record: &Restored| (record.store, &bytes[record.key.clone()]);
-        // Stable: a key's records stay in changelog order.
-        self.records.sort_by(|a, b| sort_key(a).cmp(&sort_key(b)));
-        let records = &self.records;
-        records
-            .iter()
-            .enumerate()
-            .filter_map(move |(index, record)| {
-                let superseded = records
-                    .get(index + 1)
-                    .is_some_and(|next| sort_key(next) == sort_key(record));
-                let value = record.value.clone().map(|value| &bytes[value]);
-                (!superseded).then_some((record.store, &bytes[record.key.clone()], value))
-            })
-    }
 }
 
 /// Whether opening a database failed because another handle holds its
@@ -710,11 +501,7 @@ impl TaskStore {
 
     /// An empty batch of restored changelog records for this store.
     pub fn restore_batch(&self) -> RestoreBatch {
-        RestoreBatch {
-            records: Vec::new(),
-            bytes: Vec::new(),
-            checkpoints: vec![None; self.names.len()],
-        }
+        RestoreBatch::new(self.names.len())
     }
 
     /// Adds a changelog record of `store` at `offset` to `batch`: a put, or
@@ -1182,42 +969,6 @@ mod tests {
         assert_eq!(sealed, [(b"committed".to_vec(), None)]);
         drop(store);
         std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn the_read_cache_keeps_recent_keys_and_forgets_old_ones_within_its_share() {
-        // Room for 100 entries of an 8-byte key per generation.
-        let entry = 8 + CACHE_ENTRY_OVERHEAD;
-        let budget = Arc::new(ReadCacheBudget {
-            bytes: 2 * 100 * entry,
-            tasks: AtomicUsize::new(0),
-        });
-        let mut cache = ReadCache::new(2, budget.clone());
-        cache.insert(0, b"hot".to_vec(), Some(b"1".to_vec()));
-        for i in 0..1_000u64 {
-            cache.insert(0, i.to_be_bytes().to_vec(), None);
-            // Touching a key moves it to the recent generation.
-            assert!(cache.get(0, b"hot").is_some());
-        }
-        let held: usize = cache
-            .recent
-            .iter()
-            .chain(&cache.older)
-            .map(|map| map.len())
-            .sum();
-        assert!(held <= 2 * 101, "{held} entries held");
-        for i in 0..200u64 {
-            cache.insert(1, i.to_be_bytes().to_vec(), None);
-        }
-        assert!(
-            cache.get(0, b"hot").is_none(),
-            "two generations untouched: evicted"
-        );
-        // Another task's cache halves each one's share.
-        let other = ReadCache::new(1, budget.clone());
-        assert_eq!(cache.generation_bytes(), 50 * entry);
-        drop(other);
-        assert_eq!(cache.generation_bytes(), 100 * entry);
     }
 
     #[test]
