@@ -149,16 +149,18 @@ fn an_output_topic_without_an_acl_is_named_with_the_operation() {
     assert!(log.contains("DESCRIBE ACL"), "{log}");
 }
 
-/// `count` orders and one shipment each, `order_id % 90` hours later; the
-/// expected `ship_id -> hr_to_ship`.
+/// `count` orders a second apart and one shipment each, `order_id % 24`
+/// hours later; the expected `ship_id -> hr_to_ship`. All of it spans
+/// less than [`GRACE`], so no record is late whatever order the broker
+/// disruptions make the inputs arrive in.
 fn joiner_input(count: i64) -> (Vec<Value>, Vec<Value>, HashMap<String, i64>) {
     let start = 1_700_000_000;
     let mut orders = Vec::new();
     let mut shipments = Vec::new();
     let mut expected = HashMap::new();
     for id in 0..count {
-        let ts = start + id * 30;
-        let hours = id % 90;
+        let ts = start + id;
+        let hours = id % 24;
         let ship_id = format!("s-{id}");
         orders.push(json!({"key": id.to_string(), "value": {"id": id, "total_amount": 1.5, "customer_name": "c", "order_ts_raw": ts}}));
         shipments.push(json!({"key": ship_id, "value": {"id": ship_id, "order_id": id, "warehouse": "Boston", "ship_ts_raw": ts + hours * 3_600}}));
@@ -166,6 +168,9 @@ fn joiner_input(count: i64) -> (Vec<Value>, Vec<Value>, HashMap<String, i64>) {
     }
     (orders, shipments, expected)
 }
+
+/// The joiner's allowed out-of-orderness here: more than the inputs span.
+const GRACE: &str = "7d";
 
 /// Nothing lost, nothing doubled: one output per shipment, with its hours.
 fn assert_exact_joins(output: &[Value], expected: &HashMap<String, i64>, log: &str) {
@@ -184,7 +189,8 @@ fn assert_exact_joins(output: &[Value], expected: &HashMap<String, i64>, log: &s
 }
 
 /// Samples the consumed-records counter of `service` every 50 ms while
-/// `during` runs; returns the longest time it stood still.
+/// `during` runs; returns the longest time it stood still (input keeps
+/// arriving meanwhile, so a stall is the disruption's, not idleness).
 fn longest_stall(service: &Service, series: &str, during: impl FnOnce()) -> Duration {
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
@@ -198,7 +204,7 @@ fn longest_stall(service: &Service, series: &str, during: impl FnOnce()) -> Dura
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            longest
+            longest.max(since.elapsed())
         });
         during();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -206,16 +212,20 @@ fn longest_stall(service: &Service, series: &str, during: impl FnOnce()) -> Dura
     })
 }
 
+/// The input arrives in this many transactions, one after the other, while
+/// brokers are lost: the service has work all through the disruptions.
+const CHUNKS: usize = 20;
+
 /// The joiner over `count` orders and shipments on two partitions under
-/// exactly_once_v2, with `disrupt` run once a fifth of the input is
-/// consumed; the output must be exact.
+/// exactly_once_v2, with `disrupt` run once the first chunk of the input is
+/// consumed, while the rest is still being produced; the output must be
+/// exact.
 fn joiner_survives(count: i64, disrupt: impl FnOnce(&Service, &JoinerTopics)) {
     cluster::use_cluster();
     let _brokers = BROKERS.write().unwrap_or_else(|e| e.into_inner());
     let topics = JoinerTopics::new();
     let (orders, shipments, expected) = joiner_input(count);
-    produce(&topics.orders, "orders", &orders);
-    produce(&topics.shipments, "shipments", &shipments);
+    let chunk = orders.len().div_ceil(CHUNKS);
     let service = Service::start(
         "order-shipment-joiner",
         &args(&[
@@ -229,19 +239,29 @@ fn joiner_survives(count: i64, disrupt: impl FnOnce(&Service, &JoinerTopics)) {
             &topics.application_id,
             "--processing-guarantee",
             "exactly_once_v2",
+            "--grace",
+            GRACE,
         ]),
     );
     let series = format!(
         "streams_records_consumed_total{{topic=\"{}\"}}",
         topics.orders
     );
-    assert!(
-        eventually(Duration::from_secs(300), || service.metric(&series)
-            >= count as f64 / 5.0),
-        "{}",
-        service.log()
-    );
-    disrupt(&service, &topics);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for (orders, shipments) in orders.chunks(chunk).zip(shipments.chunks(chunk)) {
+                produce(&topics.orders, "orders", orders);
+                produce(&topics.shipments, "shipments", shipments);
+            }
+        });
+        assert!(
+            eventually(Duration::from_secs(300), || service.metric(&series)
+                >= chunk as f64),
+            "{}",
+            service.log()
+        );
+        disrupt(&service, &topics);
+    });
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(600));
     assert_exact_joins(&output, &expected, &service.log());
     assert_nothing_leaks(&service);
