@@ -40,6 +40,8 @@ export REGISTRY_HOST_PORT="${REGISTRY_HOST_PORT:-28081}"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/compose-demo.XXXXXX")
 cleanup() {
+  local status=$?
+  [ "$status" = 0 ] || tail -n 20 "$work/streamctl.log" >&2 2>/dev/null || true
   compose logs >"$work/compose.log" 2>&1 || true
   compose down -v >/dev/null 2>&1 || true
   echo "[compose-demo] logs of every container: $work/compose.log"
@@ -52,7 +54,7 @@ compose up -d >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; exit 1; }
 
 # streamctl in a one-off `tools` container, the example data mounted read-only.
 streamctl() {
-  compose run --rm -T -v "$PWD/tests/fixtures:/fixtures:ro" \
+  compose --profile tools run --rm -T -v "$PWD/tests/fixtures:/fixtures:ro" \
     -v "$PWD/deploy/local/demo-data:/demo-data:ro" tools streamctl "$@" 2>>"$work/streamctl.log"
 }
 produce() { # topic file
