@@ -555,8 +555,8 @@ impl Delivery {
             self.open_times.max.as_secs_f64(),
         );
         snapshot.set(
-            metrics::TRANSACTION_OPEN_P99,
-            vec![],
+            metrics::TRANSACTION_OPEN,
+            vec![("quantile", "0.99".to_string())],
             self.open_times.p99().as_secs_f64(),
         );
     }

@@ -50,8 +50,8 @@ pub const PHASE_SECONDS: &str = "streams_thread_phase_seconds_total";
 pub const JOBS_IN_FLIGHT: &str = "streams_jobs_in_flight";
 /// The longest time a transaction stayed open, since start (exactly-once).
 pub const TRANSACTION_OPEN_MAX: &str = "streams_transaction_open_seconds_max";
-/// The 99th percentile of how long the last 1 024 transactions stayed open.
-pub const TRANSACTION_OPEN_P99: &str = "streams_transaction_open_seconds_p99";
+/// How long the last 1 024 transactions stayed open, by `quantile` (0.99).
+pub const TRANSACTION_OPEN: &str = "streams_transaction_open_seconds";
 /// Tasks of which this instance holds only some partitions (an incremental
 /// rebalance in progress, or an assignor that split them): they do not
 /// process until the rest arrives.
