@@ -74,9 +74,11 @@ macro_rules! task_env {
 }
 
 /// Jobs in flight per job worker past which tasks take no more records or
-/// timers: enough to keep every worker busy between two completions, few
-/// enough that a commit, which waits for every job in flight, waits for
-/// about two jobs per worker however large the backlog (see [`JobGate`]).
+/// wall-clock timers: enough to keep every worker busy between two
+/// completions, few enough that a commit, which waits for every job in
+/// flight, waits for about two jobs per worker on a steady backlog (one
+/// record that fires many timers still sets off all their jobs; see
+/// [`JobGate`]).
 const JOBS_PER_WORKER: usize = 2;
 
 /// When jobs in flight stop tasks from taking records and timers.
