@@ -127,12 +127,13 @@ fn storm_edits(tenants: usize, per_tenant: usize) -> Vec<Edit> {
     edits
 }
 
-/// The storm of the issue, with the real model: about 3 000 edits (several
-/// times what can be embedded within one transaction timeout) produced in
-/// six parts while the service is killed with kill -9 every 1.5–4 s, its
-/// state directory wiped before the fourth start (a restore from the
-/// changelogs). The last instance must finish with no aborted commit, and
-/// the rows (embeddings left out) must be exact.
+/// The storm of the issue, with the real model: about 3 000 edits of 30
+/// tenants (several times what can be embedded within one transaction
+/// timeout) produced in fifteen parts while the service is killed with
+/// kill -9 fifteen times, 1.5–4 s apart, its state directory wiped before
+/// the 7th and the 14th start (restores from the changelogs). The last
+/// instance must finish with no aborted commit, and the rows (embeddings
+/// left out) must be exact.
 #[test]
 fn a_kill_9_storm_over_a_backlog_with_the_real_model_ends_exact() {
     let run = SingleInputRun::new("embed-batcher", "articles", "article-embeddings", 1);
@@ -145,11 +146,11 @@ fn a_kill_9_storm_over_a_backlog_with_the_real_model_ends_exact() {
     );
     let arguments = run.args(&["--embedder", "local"]);
     let state = fresh_state_dir();
-    let parts = 6;
-    let part = edits.len().div_ceil(parts);
+    let kills = 15;
+    let part = edits.len().div_ceil(kills);
     let mut rng = rand::rng();
     for (start, chunk) in edits.chunks(part).enumerate() {
-        if start == 3 {
+        if start == 6 || start == 13 {
             std::fs::remove_dir_all(&state).ok();
         }
         let service = Service::start_with_state("embed-batcher", &arguments, state.clone());

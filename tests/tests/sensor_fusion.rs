@@ -123,7 +123,7 @@ fn a_backlog_after_a_kill_9_comes_out_as_without_it() {
     pipe_all(&mut uninterrupted, "humidity-readings", &humidities);
     settle(&mut uninterrupted);
     let expected = lines(&uninterrupted, "machine-maintenance");
-    assert!(expected.len() > 1_000, "{} verdicts", expected.len());
+    assert!(expected.len() >= 600, "{} verdicts", expected.len());
 
     let topics = topics(partitions, partitions);
     produce(&topics.temperature, "temperature-readings", &temperatures);

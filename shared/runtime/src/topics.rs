@@ -82,7 +82,7 @@ impl Admin {
             while metadata.poll(Duration::from_millis(10)).is_some() {}
             match metadata.context().0.lock().unwrap().take() {
                 Some(cause) => anyhow::anyhow!(
-                    "cannot connect to Kafka at {bootstrap} within {}s: {cause}",
+                    "cannot reach Kafka at {bootstrap} within {}s: {cause}",
                     timeout.as_secs_f32()
                 ),
                 None => anyhow::anyhow!(
