@@ -430,8 +430,11 @@ impl Delivery {
         group: Option<&ConsumerGroupMetadata>,
         phases: &mut PhaseTimes,
     ) -> Result<(), CommitError> {
-        let outlived = self.transaction_outlived_its_timeout();
+        // The open transaction, or the one this commit begins; whether it
+        // outlived its timeout is told after the commit's waits.
+        let began = self.transaction_began.unwrap_or_else(Instant::now);
         let result = self.try_commit(generation, offsets, group, phases);
+        let outlived = self.transactional && began.elapsed() >= self.transaction_timeout;
         if result.is_err() {
             self.send_failure = None;
             self.replace_if_fatal()?;
@@ -457,11 +460,6 @@ impl Delivery {
     /// The producer's `transaction.timeout.ms` (unbounded without transactions).
     pub fn transaction_timeout(&self) -> Duration {
         self.transaction_timeout
-    }
-
-    fn transaction_outlived_its_timeout(&self) -> bool {
-        self.transaction_age()
-            .is_some_and(|age| age >= self.transaction_timeout)
     }
 
     fn try_commit(
