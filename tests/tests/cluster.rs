@@ -62,6 +62,8 @@ fn embed_batcher_fixture_through_sasl_ssl() {
 
 /// The sessionizer's properties file with `key` set to `value`.
 fn sessionizer_properties_with(key: &str, value: &str) -> PathBuf {
+    // The cluster writes the user's properties file when it starts.
+    cluster::use_cluster();
     let original = std::fs::read_to_string(cluster::properties("sessionizer")).unwrap();
     let mut text: String = original
         .lines()
