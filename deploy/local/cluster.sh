@@ -202,18 +202,25 @@ EOF
 # Formats every node with one cluster id; the SCRAM users go into the first metadata records,
 # so they exist before any broker listens.
 format_nodes() {
-  local n id args=() user
+  local n id user argfile
   [ -f "$(node_dir 1)/data/meta.properties" ] && return 0
   id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=' | sed 's/^-/A/')"
-  for user in "${USERS[@]}"; do
-    args+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$(password "$user")]")
-  done
   log "formatting three nodes (cluster id $id) with users: ${USERS[*]}"
   for n in "${NODES[@]}"; do
-    kafka_java kafka.tools.StorageTool format -t "$id" -c "$(node_dir "$n")/server.properties" \
-      "${args[@]}" >>"$(node_log "$n")" 2>&1 &
+    # The passwords go to the storage tool in a java @argfile (0600), not in
+    # argv, where ps and /proc/<pid>/cmdline would show them.
+    argfile="$SECRETS/format-$n.args"
+    (
+      umask 077
+      printf '%s\n' kafka.tools.StorageTool format -t "$id" -c "$(node_dir "$n")/server.properties"
+      for user in "${USERS[@]}"; do
+        printf -- '--add-scram\nSCRAM-SHA-512=[name=%s,password=%s]\n' "$user" "$(password "$user")"
+      done
+    ) > "$argfile"
+    kafka_java "@$argfile" >>"$(node_log "$n")" 2>&1 &
   done
   for n in "${NODES[@]}"; do wait -n || die_log "$(node_log 1)" "Kafka storage format failed"; done
+  rm -f "$SECRETS"/format-*.args
 }
 
 start_node() {
