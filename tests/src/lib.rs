@@ -173,16 +173,33 @@ pub fn produce(topic: &str, schema_topic: &str, lines: &[Value]) {
 }
 
 /// Produces a JSON lines file to `topic` with the schema of `schema_topic`.
+///
+/// `streamctl produce` writes the file in one transaction; one that was
+/// rolled back (a partition leader lost mid-write, in the cluster tests)
+/// wrote nothing, so the whole file is produced again, as a user would.
 pub fn produce_file(topic: &str, schema_topic: &str, file: &Path) {
-    streamctl_ok(&[
+    let schema = schema(schema_topic);
+    let args = [
         "produce",
         "--topic",
         topic,
         "--schema",
-        schema(schema_topic).to_str().unwrap(),
+        schema.to_str().unwrap(),
         "--file",
         file.to_str().unwrap(),
-    ]);
+    ];
+    for _ in 1..5 {
+        let output = streamctl(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if output.status.success() {
+            return;
+        }
+        if !stderr.contains("nothing was committed") {
+            panic!("streamctl {args:?} failed: {stderr}");
+        }
+        eprintln!("streamctl produce rolled back, producing again: {stderr}");
+    }
+    streamctl_ok(&args);
 }
 
 /// Parses JSON lines.

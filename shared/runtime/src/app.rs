@@ -46,16 +46,18 @@ pub fn service_main<S: Parser>(build: fn(S) -> anyhow::Result<Pipeline>) -> Exit
     }
 }
 
-/// Caps glibc's malloc arenas at one per processing thread, before any
-/// thread starts, unless `MALLOC_ARENA_MAX` says otherwise.
+/// Caps glibc's malloc arenas at one per processing thread, before the
+/// runtime starts its threads, unless `MALLOC_ARENA_MAX` says otherwise.
+/// Threads a service started earlier (embed-batcher's model pool, made while
+/// its settings are read) may already hold arenas of their own; the cap
+/// applies to arenas created from here on.
 ///
 /// Rust code allocates with mimalloc; glibc serves librdkafka and RocksDB.
 /// glibc gives threads that allocate at once their own arenas (up to eight
 /// per core), and memory freed in one arena serves only that arena: the
 /// state writer's memtable inserts and the processing thread's block-cache
-/// reads then each kept their own high-water mark. Measured (joiner, 1M
-/// records): peak RSS 383-435 -> 370-408 MiB, the others 1-3 MiB less,
-/// records/s unchanged within the noise.
+/// reads then each kept their own high-water mark. One arena per thread
+/// lowers peak RSS at no cost in records/s (BENCHMARKS.md history).
 fn limit_malloc_arenas(processing_threads: usize) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {

@@ -11,6 +11,7 @@
 //! to drain, so collecting a record allocates nothing once the arena has
 //! grown to a batch's size.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use crate::watermark::Announcement;
@@ -89,6 +90,27 @@ impl<'a> RecordView<'a> {
     /// The name of topic `id` (a dead letter's source topic).
     pub fn topic_name(&self, id: TopicId) -> &'a str {
         &self.topics[id]
+    }
+
+    /// A dead letter's headers (SPEC: the error and the record's source),
+    /// or `None` for any other record.
+    pub fn dead_letter_headers(&self) -> Option<[(&'static str, Cow<'a, str>); 5]> {
+        let Headers::DeadLetter(dead) = self.headers else {
+            return None;
+        };
+        Some([
+            ("dlq.error.kind", Cow::Borrowed(dead.error_kind)),
+            ("dlq.error.message", Cow::Borrowed(self.text(&dead.message))),
+            (
+                "dlq.source.topic",
+                Cow::Borrowed(self.topic_name(dead.source_topic)),
+            ),
+            (
+                "dlq.source.partition",
+                Cow::Owned(dead.partition.to_string()),
+            ),
+            ("dlq.source.offset", Cow::Owned(dead.offset.to_string())),
+        ])
     }
 }
 

@@ -179,9 +179,9 @@ const INIT_TRANSACTIONS_ATTEMPT: Duration = Duration::from_millis(50);
 /// `init_transactions`, asked again every [`INIT_TRANSACTIONS_ATTEMPT`]
 /// until `timeout`. librdkafka asks for a producer id as soon as the
 /// producer exists; when its connection to the transaction coordinator is
-/// not up yet at that moment, it tries again only 500 ms later, and a new
-/// process then started ~0.5 s late about every other time (measured:
-/// 504 ms instead of 54). Each call of `init_transactions` asks at once.
+/// not up yet at that moment, it tries again only 500 ms later, so a new
+/// process often started half a second late. Each call of
+/// `init_transactions` asks at once.
 /// A call that times out, or fails with a retriable error (the coordinator
 /// moving or still loading, as after a broker restart), may be repeated:
 /// librdkafka's documented contract, and what one long call would have
@@ -222,9 +222,9 @@ impl Delivery {
         // Defaults a `--kafka` setting overrides. How long a record may wait
         // for others to fill its batch: under exactly-once, results are read
         // only once the transaction commits, so a longer wait costs no
-        // latency and saves broker work (1 ms instead of 5 cost 6-7 % of the
-        // records/s); under at-least-once every millisecond is the reader's
-        // (p99 at half load 14-21 ms with 5, 8-10 ms with 1; BENCHMARKS.md).
+        // latency and saves broker work (a shorter wait cost records/s);
+        // under at-least-once every millisecond shows in the reader's p99
+        // (both measured: BENCHMARKS.md history).
         let linger_ms = if transactional_id.is_some() { "5" } else { "1" };
         for (key, value) in [("linger.ms", linger_ms), ("compression.type", "lz4")] {
             if config.get(key).is_none() {

@@ -74,11 +74,10 @@ pub mod window;
 
 /// Client configuration and topic administration, for tools such as `streamctl`.
 pub mod admin {
-    pub use crate::app::init_tracing;
     pub use crate::topics::*;
 }
 
-pub use app::{service_main, Pipeline};
+pub use app::{init_tracing, service_main, Pipeline};
 pub use config::RuntimeArgs;
 pub use duration::HumanDuration;
 pub use partitioner::murmur2_partition;
@@ -109,11 +108,11 @@ pub use mimalloc::MiMalloc as ServiceAllocator;
 
 /// Makes mimalloc the binary's global allocator; a service's `main.rs`
 /// says `streams_runtime::service_allocator!();`. The hot path allocates
-/// small, short-lived keys and values, where glibc's allocator cost a
-/// quarter of the joiner's CPU time. mimalloc is built without transparent
+/// small, short-lived keys and values, where glibc's allocator took a large
+/// share of the joiner's CPU time (BENCHMARKS.md history). mimalloc is built without transparent
 /// huge pages (`no_thp`): a 2 MiB page is resident as soon as one byte of it
 /// is touched. The choice belongs to each binary (`streamctl` and the test
-/// harness keep the system allocator); BENCHMARKS.md has the measurements.
+/// harness keep the system allocator).
 #[macro_export]
 macro_rules! service_allocator {
     () => {

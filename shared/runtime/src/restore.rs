@@ -98,9 +98,9 @@ impl Restorer {
             // A consumer has one fetch per broker in flight. At the end of a
             // task's changelogs that fetch waits at the broker for new data
             // (`fetch.wait.max.ms`, 500 ms by default), and the next task's
-            // changelogs, assigned meanwhile, are fetched only after it:
-            // measured, ~450 ms per task opened after the first, even with
-            // nothing to restore.
+            // changelogs, assigned meanwhile, are fetched only after it: most
+            // of that wait per task opened after the first, even with nothing
+            // to restore.
             .set("fetch.wait.max.ms", "10");
         let consumer = config
             .create()

@@ -77,23 +77,18 @@ pub(crate) fn group_consumer_config(
     prefetch_eagerly(&mut config);
     // One fetch request is in flight per broker, and its response is decoded
     // and queued partition after partition: with librdkafka's 1 MiB per
-    // partition a two-input task gets ~50 000 records of one input before
-    // the first of the other (~60 ms at startup), and the prefetch holds
-    // more. Measured at 256 KiB: sensor-fusion's peak RSS 160 -> 107 MiB,
-    // the sessionizer's 122 -> 112, records/s unchanged within the noise.
-    // (A broker still returns a whole record batch larger than this; the
+    // partition a two-input task gets tens of thousands of records of one
+    // input before the first of the other, and the prefetch holds more.
+    // A quarter of that lowers peak RSS at no cost in records/s. (A broker still returns a whole record batch larger than this; the
     // changelog readers, which read in bulk, keep 1 MiB.)
     if config.get("max.partition.fetch.bytes").is_none() {
         config.set("max.partition.fetch.bytes", "262144");
     }
     // The prefetch queue is refilled below this many records (librdkafka:
-    // 100 000), and refilled within `fetch.queue.backoff.ms` (5 ms, above):
-    // 10 000 records are 15-100 ms of processing here, so the stage never
-    // finds it empty, and the records a queue holds are a third of the
-    // default's memory. Measured: peak RSS sessionizer 113 -> 77-84 MiB,
-    // sensor-fusion 105 -> 73-74, window-aggregator 90 -> 55, joiner 305 ->
-    // 270, records/s unchanged within the noise (2 000 and 5 000 saved no
-    // more).
+    // 100 000), and refilled within `fetch.queue.backoff.ms` (below): 10 000
+    // records take far longer to process than that refill, so the stage never
+    // finds the queue empty, and the queue holds a fraction of the default's
+    // memory. Smaller bounds saved no more (BENCHMARKS.md history).
     if config.get("queued.min.messages").is_none() {
         config.set("queued.min.messages", "10000");
     }
@@ -135,18 +130,17 @@ pub(crate) fn changelog_reader_config(base: &ClientConfig, group_id: String) -> 
 /// `queued.min.messages` records, and by default then waits a whole second
 /// (`fetch.queue.backoff.ms`) before it looks again. A stage that processes
 /// faster than that drains the queue and sits idle for the rest of the
-/// second: measured, half of sensor-fusion's wall time. Looking again after
+/// second (for sensor-fusion, most of the idle time measured). Looking again after
 /// a few milliseconds keeps the queue filled. A value set with `--kafka` wins.
 ///
 /// Likewise `fetch.wait.max.ms`: a partition resumed after a pause (see
 /// `MAX_BUFFERED` in `engine/kafka_stage/run_loop.rs`) is fetched only by the next
 /// fetch request to its broker, and the one in flight may be parked there
 /// for that long when the other partitions have nothing new (the joiner's
-/// repartition topic between two upstream commits). With pauses at 10 000
-/// records the joiner lost ~15 % of its records/s to such waits at
-/// librdkafka's 500 ms and none at 20 ms; at the bound kept (100 000) the
-/// difference was within the noise (BENCHMARKS.md). An idle consumer then
-/// sends ~50 fetch requests a second per broker.
+/// repartition topic between two upstream commits); with small pause bounds
+/// the joiner lost a measurable share of its records/s to such waits
+/// (BENCHMARKS.md history). The price: an idle consumer sends a fetch
+/// request every `fetch.wait.max.ms` per broker.
 pub(crate) fn prefetch_eagerly(config: &mut ClientConfig) {
     if config.get("fetch.queue.backoff.ms").is_none() {
         config.set("fetch.queue.backoff.ms", "5");

@@ -11,7 +11,7 @@ use super::store::StoreIndex;
 ///
 /// In key order because a memtable insert resumes its search where the
 /// last one ended: in changelog order (keys at random) each insert searched
-/// the skip list from the top, a third of a restore's time (measured).
+/// the skip list from the top, a large share of a restore's time.
 pub struct RestoreBatch {
     records: Vec<Restored>,
     /// Every record's key and value bytes, one after the other.

@@ -172,25 +172,12 @@ impl<P: Processor> DriverStage for EngineStage<P> {
                 Headers::Watermark(announcement) => Some(*announcement),
                 _ => None,
             };
-            let headers = match record.headers {
-                Headers::DeadLetter(dead) => vec![
-                    ("dlq.error.kind".to_string(), dead.error_kind.to_string()),
-                    (
-                        "dlq.error.message".to_string(),
-                        record.text(&dead.message).to_string(),
-                    ),
-                    (
-                        "dlq.source.topic".to_string(),
-                        record.topic_name(dead.source_topic).to_string(),
-                    ),
-                    (
-                        "dlq.source.partition".to_string(),
-                        dead.partition.to_string(),
-                    ),
-                    ("dlq.source.offset".to_string(), dead.offset.to_string()),
-                ],
-                _ => Vec::new(),
-            };
+            let headers = record
+                .dead_letter_headers()
+                .into_iter()
+                .flatten()
+                .map(|(key, value)| (key.to_string(), value.into_owned()))
+                .collect();
             sink(
                 record.topic,
                 record.partition,

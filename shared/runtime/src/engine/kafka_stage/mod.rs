@@ -109,23 +109,14 @@ fn kafka_headers(record: &RecordView<'_>) -> Option<OwnedHeaders> {
     match record.headers {
         Headers::None => None,
         Headers::Watermark(announcement) => Some(announcement.to_headers()),
-        Headers::DeadLetter(dead) => {
-            let message = record.text(&dead.message);
-            let partition = dead.partition.to_string();
-            let offset = dead.offset.to_string();
-            let fields = [
-                ("dlq.error.kind", dead.error_kind),
-                ("dlq.error.message", message),
-                ("dlq.source.topic", record.topic_name(dead.source_topic)),
-                ("dlq.source.partition", partition.as_str()),
-                ("dlq.source.offset", offset.as_str()),
-            ];
-            Some(fields.into_iter().fold(
+        Headers::DeadLetter(_) => {
+            let fields = record.dead_letter_headers()?;
+            Some(fields.iter().fold(
                 OwnedHeaders::new_with_capacity(fields.len()),
                 |headers, (key, value)| {
                     headers.insert(Header {
                         key,
-                        value: Some(value),
+                        value: Some(value.as_ref()),
                     })
                 },
             ))

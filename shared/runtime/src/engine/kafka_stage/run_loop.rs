@@ -22,10 +22,10 @@ use crate::processor::Processor;
 /// Kafka Streams pauses at 1 000 (`buffered.records.per.partition`), but
 /// librdkafka, unlike the Java consumer, drops what it has prefetched for a
 /// partition when it is paused and fetches it again on resume; one fetch
-/// brings up to 1 MiB per partition, ~20 000 small records. Measured at
-/// 10 000: sensor-fusion, whose two inputs arrive in such fetches, fell
-/// from ~420k to ~265k records/s. So the bound is far above a fetch and
-/// acts only on a real backlog (~50–90 MiB of decoded orders at most).
+/// brings tens of thousands of small records per partition. A bound near one
+/// fetch cost sensor-fusion, whose two inputs arrive in such fetches, a
+/// third of its records/s (BENCHMARKS.md history). So the bound is far above
+/// a fetch and acts only on a real backlog.
 const MAX_BUFFERED: usize = 100_000;
 
 /// Records handled between two checks of timers, idleness and the commit interval.
