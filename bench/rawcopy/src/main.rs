@@ -207,7 +207,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         if exactly_once {
             let group = consumer.group_metadata();
             delivery
-                .commit(generation, &committed, group.as_ref(), &mut phases)
+                .commit(generation, &committed, group, &mut phases)
                 .map_err(|e| anyhow::anyhow!("commit: {e}"))?;
         } else {
             delivery

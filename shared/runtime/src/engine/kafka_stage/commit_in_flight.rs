@@ -79,14 +79,13 @@ impl<P: Processor> KafkaStage<P> {
         let Some(mut sealed) = self.in_flight.take() else {
             return Ok(());
         };
-        let group = consumer.group_metadata();
         let mut delivered = None;
         let result = self
             .delivery
             .commit(
                 sealed.generation,
                 &sealed.offsets,
-                group.as_ref(),
+                consumer.group_metadata(),
                 &mut self.phases,
             )
             .and_then(|()| {

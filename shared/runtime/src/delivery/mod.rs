@@ -11,9 +11,11 @@
 //! acknowledged, while the records of the next one may already be on their
 //! way (at-least-once). The generation travels in the low bits of the tag.
 
+mod offsets_sender;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
@@ -23,6 +25,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 
 use crate::metrics::{self, Phase, PhaseTimes, Snapshot};
+use offsets_sender::{OffsetsSender, Sent};
 
 /// How long aborting a transaction may take before the producer is replaced.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -111,13 +114,19 @@ pub enum CommitError {
 /// producer left in a fatal state (e.g. after a broker restart in the middle
 /// of a transaction) is replaced by a new one with the same transactional id.
 pub struct Delivery {
-    producer: BaseProducer<DeliveryReports>,
+    /// Shared only with a call of [`OffsetsSender`] in progress.
+    producer: Arc<TransactionalProducer>,
     config: ClientConfig,
     transactional: bool,
     in_transaction: bool,
     send_failure: Option<String>,
     /// An abort failed: the transaction state is unknown, start afresh.
     abort_failed: bool,
+    /// Under exactly-once, once started: see [`offsets_sender`].
+    offsets_sender: Option<OffsetsSender>,
+    /// The producer never returned from adding offsets to its transaction
+    /// and is given up.
+    stuck: bool,
     timeout: Duration,
     /// The generation records sent now belong to.
     generation: Generation,
@@ -130,6 +139,9 @@ pub struct Delivery {
     /// How long the last transactions stayed open.
     open_times: OpenTimes,
 }
+
+/// The producer of [`Delivery`] (transactional or not).
+type TransactionalProducer = BaseProducer<DeliveryReports>;
 
 /// Transactions remembered for the open-time percentile.
 const OPEN_TIMES_KEPT: usize = 1024;
@@ -250,12 +262,14 @@ impl Delivery {
         let transactional = transactional_id.is_some();
         let producer = Self::create(&config, transactional, timeout)?;
         Ok(Delivery {
-            producer,
+            producer: Arc::new(producer),
             config,
             transactional,
             in_transaction: false,
             send_failure: None,
             abort_failed: false,
+            offsets_sender: None,
+            stuck: false,
             timeout,
             generation: Generation(0),
             sent: [0; GENERATIONS],
@@ -286,6 +300,9 @@ impl Delivery {
         let reason = match self.producer.client().fatal_error() {
             Some((_, reason)) => reason,
             None if self.abort_failed => "a transaction could not be aborted".to_string(),
+            None if self.stuck => {
+                "librdkafka did not return from adding the offsets to the transaction".to_string()
+            }
             None => return Ok(()),
         };
         tracing::warn!(%reason, "the producer failed fatally; replacing it");
@@ -293,10 +310,11 @@ impl Delivery {
         loop {
             match Self::create(&self.config, self.transactional, self.timeout) {
                 Ok(producer) => {
-                    self.producer = producer;
+                    self.producer = Arc::new(producer);
                     self.in_transaction = false;
                     self.transaction_began = None;
                     self.abort_failed = false;
+                    self.stuck = false;
                     return Ok(());
                 }
                 Err(error) if attempts < 10 => {
@@ -427,7 +445,7 @@ impl Delivery {
         &mut self,
         generation: Generation,
         offsets: &TopicPartitionList,
-        group: Option<&ConsumerGroupMetadata>,
+        group: Option<ConsumerGroupMetadata>,
         phases: &mut PhaseTimes,
     ) -> Result<(), CommitError> {
         // The open transaction, or the one this commit begins; whether it
@@ -466,7 +484,7 @@ impl Delivery {
         &mut self,
         generation: Generation,
         offsets: &TopicPartitionList,
-        group: Option<&ConsumerGroupMetadata>,
+        group: Option<ConsumerGroupMetadata>,
         phases: &mut PhaseTimes,
     ) -> Result<(), CommitError> {
         if let Some(failure) = self.send_failure.clone() {
@@ -495,9 +513,7 @@ impl Delivery {
                 let group = group.ok_or_else(|| {
                     CommitError::Aborted("no consumer group metadata (not in a group)".into())
                 })?;
-                self.producer
-                    .send_offsets_to_transaction(offsets, group, self.timeout)
-                    .map_err(classify)?;
+                self.send_offsets(offsets, group)?;
             }
             let offsets_sent = phases.lap(Phase::CommitOffsets, flushed);
             let committed = self
@@ -514,6 +530,38 @@ impl Delivery {
         self.in_transaction = false;
         self.transaction_ended();
         Ok(())
+    }
+
+    /// Adds `offsets` to the open transaction, on the [`OffsetsSender`]'s
+    /// thread. Past the transaction's own timeout the coordinator aborts it
+    /// anyway, so that is as long as the call may take.
+    fn send_offsets(
+        &mut self,
+        offsets: &TopicPartitionList,
+        group: ConsumerGroupMetadata,
+    ) -> Result<(), CommitError> {
+        let sender = match &mut self.offsets_sender {
+            Some(sender) => sender,
+            empty => empty.insert(OffsetsSender::start().map_err(|e| {
+                CommitError::Fatal(format!("cannot start the offsets thread: {e}"))
+            })?),
+        };
+        let timeout = self.timeout.min(self.transaction_timeout);
+        match sender.send(&self.producer, offsets, group, timeout) {
+            Sent::Returned(outcome) => outcome.map_err(classify),
+            Sent::Stuck => {
+                self.offsets_sender = None;
+                self.stuck = true;
+                tracing::error!(
+                    timeout_ms = timeout.as_millis() as u64,
+                    "librdkafka did not return from adding the offsets to the transaction \
+                     (confluentinc/librdkafka#5456); giving the producer up and replacing it"
+                );
+                Err(CommitError::Aborted(format!(
+                    "adding the offsets to the transaction did not return within {timeout:?}"
+                )))
+            }
+        }
     }
 
     fn begin_transaction(&mut self) -> Result<(), KafkaError> {
@@ -562,7 +610,10 @@ impl Delivery {
     fn abort_after(&mut self, error: &CommitError) {
         self.in_transaction = false;
         self.transaction_ended();
+        // A producer still inside a call cannot abort (librdkafka refuses a
+        // second transactional call); its replacement's fencing aborts.
         if matches!(error, CommitError::Aborted(_))
+            && !self.stuck
             && self.producer.client().fatal_error().is_none()
         {
             if let Err(abort_error) = self.abort_transaction() {
