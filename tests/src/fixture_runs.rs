@@ -10,14 +10,54 @@ use serde_json::Value;
 use crate::batches::{assert_same_rows_per_tenant, row, without_embedding, Edit};
 use crate::*;
 
+/// How a fixture run starts its service: as a process on the host
+/// ([`Host`]) or from the image (the container tests).
+pub trait Launcher {
+    type Running: Running;
+
+    /// Starts `service` with `arguments`, ready to take its input.
+    fn start(&self, service: &'static str, arguments: &[String]) -> Self::Running;
+}
+
+/// A service started by a [`Launcher`].
+pub trait Running {
+    /// Everything it has logged so far.
+    fn log(&self) -> String;
+}
+
+/// Service binaries run on the host ([`Service::start`]).
+pub struct Host;
+
+impl Launcher for Host {
+    type Running = Service;
+
+    fn start(&self, service: &'static str, arguments: &[String]) -> Service {
+        Service::start(service, arguments)
+    }
+}
+
+impl Running for Service {
+    fn log(&self) -> String {
+        Service::log(self)
+    }
+}
+
+/// How long a fixture's output may take.
+const OUTPUT_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// sensor-fusion: the verdicts of the example readings.
 pub fn sensor_fusion() -> Service {
+    sensor_fusion_on(&Host)
+}
+
+/// [`sensor_fusion`], started by `launcher`.
+pub fn sensor_fusion_on<L: Launcher>(launcher: &L) -> L::Running {
     let temperature = unique("temperature-readings");
     let humidity = unique("humidity-readings");
     let output = unique("machine-maintenance");
     create_topic(&temperature, 1);
     create_topic(&humidity, 1);
-    let service = Service::start(
+    let service = launcher.start(
         "sensor-fusion",
         &args(&[
             "--temperature-topic",
@@ -40,24 +80,25 @@ pub fn sensor_fusion() -> Service {
         "humidity-readings",
         &fixture("sensor-fusion/humidity-readings.jsonl"),
     );
-    let records = wait_for_records(&output, 2, Duration::from_secs(60));
-    assert_eq!(
-        records,
-        fixture("sensor-fusion/machine-maintenance.expected.jsonl"),
-        "log:\n{}",
-        service.log()
-    );
+    let expected = fixture("sensor-fusion/machine-maintenance.expected.jsonl");
+    let records = wait_for_records(&output, expected.len(), OUTPUT_TIMEOUT);
+    assert_eq!(records, expected, "log:\n{}", service.log());
     service
 }
 
 /// order-shipment-joiner: the example joins.
 pub fn order_shipment_joiner() -> Service {
+    order_shipment_joiner_on(&Host)
+}
+
+/// [`order_shipment_joiner`], started by `launcher`.
+pub fn order_shipment_joiner_on<L: Launcher>(launcher: &L) -> L::Running {
     let orders = unique("orders");
     let shipments = unique("shipments");
     let output = unique("shipped-orders");
     create_topic(&orders, 1);
     create_topic(&shipments, 1);
-    let service = Service::start(
+    let service = launcher.start(
         "order-shipment-joiner",
         &args(&[
             "--orders-topic",
@@ -81,7 +122,7 @@ pub fn order_shipment_joiner() -> Service {
         &fixture("order-shipment-joiner/shipments.jsonl"),
     );
     let expected = fixture("order-shipment-joiner/shipped-orders.expected.jsonl");
-    let records = wait_for_records(&output, expected.len(), Duration::from_secs(60));
+    let records = wait_for_records(&output, expected.len(), OUTPUT_TIMEOUT);
     assert_eq!(sorted(records), sorted(expected), "log:\n{}", service.log());
     service
 }
@@ -107,20 +148,25 @@ pub fn sessionizer() -> Service {
 
 /// window-aggregator: the example windows, in order.
 pub fn window_aggregator() -> Service {
+    window_aggregator_on(&Host)
+}
+
+/// [`window_aggregator`], started by `launcher`.
+pub fn window_aggregator_on<L: Launcher>(launcher: &L) -> L::Running {
     let run = SingleInputRun::new(
         "window-aggregator",
         "orders-marketplace",
         "order-window-counts",
         1,
     );
-    let service = run.start(&[]);
+    let service = launcher.start(run.binary, &run.args(&[]));
     produce(
         &run.input,
         "orders-marketplace",
         &fixture("window-aggregator/orders-marketplace.jsonl"),
     );
     let expected = fixture("window-aggregator/order-window-counts.expected.jsonl");
-    let records = wait_for_records(&run.output, expected.len(), Duration::from_secs(60));
+    let records = wait_for_records(&run.output, expected.len(), OUTPUT_TIMEOUT);
     assert_eq!(records, expected, "log:\n{}", service.log());
     service
 }

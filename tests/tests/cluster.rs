@@ -218,11 +218,102 @@ fn longest_stall(service: &Service, series: &str, during: impl FnOnce()) -> Dura
 /// brokers are lost: the service has work all through the disruptions.
 const CHUNKS: usize = 20;
 
+/// Milliseconds since the epoch, as Kafka timestamps count.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A topic's records with their Kafka timestamps.
+fn timestamped(topic: &str) -> Vec<(Value, i64)> {
+    let lines = streamctl_ok(&[
+        "consume",
+        "--topic",
+        topic,
+        "--from-beginning",
+        "--until-end",
+        "--timestamps",
+    ]);
+    parse_jsonl(&lines)
+        .into_iter()
+        .map(|line| {
+            let timestamp = line["timestamp"].as_i64().expect("a timestamp");
+            (line["value"].clone(), timestamp)
+        })
+        .collect()
+}
+
+/// How long each join took: from the later of its order's and its
+/// shipment's append to the output's (all three stamped by their producer's
+/// clock, this machine's), by ship id.
+fn join_latencies(topics: &JoinerTopics) -> Vec<(i64, i64)> {
+    let orders: HashMap<i64, i64> = timestamped(&topics.orders)
+        .into_iter()
+        .map(|(value, at)| (value["id"].as_i64().unwrap(), at))
+        .collect();
+    let shipments: HashMap<String, i64> = timestamped(&topics.shipments)
+        .into_iter()
+        .map(|(value, at)| {
+            let order = orders[&value["order_id"].as_i64().unwrap()];
+            (value["id"].as_str().unwrap().to_string(), at.max(order))
+        })
+        .collect();
+    timestamped(&topics.output)
+        .into_iter()
+        .map(|(value, at)| {
+            let ready = shipments[value["ship_id"].as_str().unwrap()];
+            (ready, at - ready)
+        })
+        .collect()
+}
+
+/// Prints p50, p99 and the maximum of the join latencies whose input was
+/// complete within 30 s after each disruption, and of those before the
+/// first (docs/fault-tolerance.md has the figures). Measured, not asserted.
+fn print_latencies(topics: &JoinerTopics, disruptions: &[(String, i64)]) {
+    let latencies = join_latencies(topics);
+    let summary = |from: i64, to: i64| {
+        let mut window: Vec<i64> = latencies
+            .iter()
+            .filter(|(ready, _)| (from..to).contains(ready))
+            .map(|(_, latency)| *latency)
+            .collect();
+        window.sort_unstable();
+        let at = |q: f64| window[((window.len() - 1) as f64 * q) as usize];
+        match window.len() {
+            0 => "no joins".to_string(),
+            n => format!(
+                "{n} joins: p50 {} ms, p99 {} ms, max {} ms",
+                at(0.5),
+                at(0.99),
+                at(1.0)
+            ),
+        }
+    };
+    let first = disruptions.first().map_or(i64::MAX, |(_, at)| *at);
+    eprintln!(
+        "latency before any disruption: {}",
+        summary(i64::MIN, first)
+    );
+    for (what, at) in disruptions {
+        eprintln!(
+            "latency in the 30 s from {what}: {}",
+            summary(*at, at + 30_000)
+        );
+    }
+}
+
 /// The joiner over `count` orders and shipments on two partitions under
 /// exactly_once_v2, with `disrupt` run once the first chunk of the input is
 /// consumed, while the rest is still being produced; the output must be
-/// exact.
-fn joiner_survives(count: i64, disrupt: impl FnOnce(&Service, &JoinerTopics)) {
+/// exact. `disrupt` returns what it did and when (milliseconds since the
+/// epoch), for the latency figures.
+fn joiner_survives(
+    count: i64,
+    disrupt: impl FnOnce(&Service, &JoinerTopics) -> Vec<(String, i64)>,
+) {
     cluster::use_cluster();
     let _brokers = BROKERS.write().unwrap_or_else(|e| e.into_inner());
     let topics = JoinerTopics::new();
@@ -249,7 +340,7 @@ fn joiner_survives(count: i64, disrupt: impl FnOnce(&Service, &JoinerTopics)) {
         "streams_records_consumed_total{{topic=\"{}\"}}",
         topics.orders
     );
-    std::thread::scope(|scope| {
+    let disruptions = std::thread::scope(|scope| {
         scope.spawn(|| {
             for (orders, shipments) in orders.chunks(chunk).zip(shipments.chunks(chunk)) {
                 produce(&topics.orders, "orders", orders);
@@ -262,11 +353,12 @@ fn joiner_survives(count: i64, disrupt: impl FnOnce(&Service, &JoinerTopics)) {
             "{}",
             service.log()
         );
-        disrupt(&service, &topics);
+        disrupt(&service, &topics)
     });
     let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(600));
     assert_exact_joins(&output, &expected, &service.log());
     assert_nothing_leaks(&service);
+    print_latencies(&topics, &disruptions);
 }
 
 struct JoinerTopics {
@@ -304,7 +396,9 @@ fn leader_loss_under_exactly_once_leaves_the_output_exact() {
             "streams_records_consumed_total{{topic=\"{}\"}}",
             topics.orders
         );
-        let lose = |what: &str, broker: usize| {
+        let mut disruptions = Vec::new();
+        let mut lose = |what: &str, broker: usize| {
+            disruptions.push((format!("losing the {what} leader"), now_ms()));
             let stall = longest_stall(service, &consumed, || {
                 cluster::kill(broker);
                 std::thread::sleep(Duration::from_secs(5));
@@ -326,6 +420,7 @@ fn leader_loss_under_exactly_once_leaves_the_output_exact() {
             .find(|t| t.starts_with(&topics.application_id) && t.ends_with("-changelog"))
             .expect("a changelog topic");
         lose("changelog", cluster::leader(&changelog, 0) as usize);
+        disruptions
     });
 }
 
@@ -336,8 +431,10 @@ fn a_rolling_restart_of_every_broker_leaves_the_output_exact() {
             "streams_records_consumed_total{{topic=\"{}\"}}",
             topics.orders
         );
+        let started = now_ms();
         let stall = longest_stall(service, &consumed, cluster::roll);
         eprintln!("rolling restart: longest stall {stall:?}");
+        vec![("the rolling restart".to_string(), started)]
     });
 }
 

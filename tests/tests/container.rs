@@ -224,103 +224,47 @@ fn finish(container: &Container, output: &str, expected: &[Value]) -> Vec<Value>
     records
 }
 
+/// Fixture runs from the image, each container on a fresh volume.
+struct FromImage(Volume);
+
+impl FromImage {
+    fn new() -> FromImage {
+        FromImage(Volume::new())
+    }
+}
+
+impl fixture_runs::Launcher for FromImage {
+    type Running = Container;
+
+    fn start(&self, service: &'static str, arguments: &[String]) -> Container {
+        let container = Container::start(service, arguments, &self.0);
+        container.wait_healthy_and_ready();
+        container
+    }
+}
+
+impl fixture_runs::Running for Container {
+    fn log(&self) -> String {
+        Container::log(self)
+    }
+}
+
 #[test]
 fn sensor_fusion_runs_its_fixture_from_the_image() {
-    let (temperature, humidity) = (
-        created("temperature-readings", 1),
-        created("humidity-readings", 1),
-    );
-    let output = unique("machine-maintenance");
-    let volume = Volume::new();
-    let container = Container::start(
-        "sensor-fusion",
-        &args(&[
-            "--temperature-topic",
-            &temperature,
-            "--humidity-topic",
-            &humidity,
-            "--output-topic",
-            &output,
-            "--application-id",
-            &unique("sensor-fusion"),
-        ]),
-        &volume,
-    );
-    container.wait_healthy_and_ready();
-    produce(
-        &temperature,
-        "temperature-readings",
-        &fixture("sensor-fusion/temperature-readings.jsonl"),
-    );
-    produce(
-        &humidity,
-        "humidity-readings",
-        &fixture("sensor-fusion/humidity-readings.jsonl"),
-    );
-    let expected = fixture("sensor-fusion/machine-maintenance.expected.jsonl");
-    let records = finish(&container, &output, &expected);
-    assert_eq!(records, expected, "log:\n{}", container.log());
+    let image = FromImage::new();
+    fixture_runs::sensor_fusion_on(&image).stop_within_grace_period();
 }
 
 #[test]
 fn order_shipment_joiner_runs_its_fixture_from_the_image() {
-    let (orders, shipments) = (created("orders", 1), created("shipments", 1));
-    let output = unique("shipped-orders");
-    let volume = Volume::new();
-    let container = Container::start(
-        "order-shipment-joiner",
-        &args(&[
-            "--orders-topic",
-            &orders,
-            "--shipments-topic",
-            &shipments,
-            "--output-topic",
-            &output,
-            "--application-id",
-            &unique("joiner"),
-        ]),
-        &volume,
-    );
-    container.wait_healthy_and_ready();
-    produce(
-        &orders,
-        "orders",
-        &fixture("order-shipment-joiner/orders.jsonl"),
-    );
-    produce(
-        &shipments,
-        "shipments",
-        &fixture("order-shipment-joiner/shipments.jsonl"),
-    );
-    let expected = fixture("order-shipment-joiner/shipped-orders.expected.jsonl");
-    let records = finish(&container, &output, &expected);
-    assert_eq!(
-        sorted(records),
-        sorted(expected),
-        "log:\n{}",
-        container.log()
-    );
+    let image = FromImage::new();
+    fixture_runs::order_shipment_joiner_on(&image).stop_within_grace_period();
 }
 
 #[test]
 fn window_aggregator_runs_its_fixture_from_the_image() {
-    let run = SingleInputRun::new(
-        "window-aggregator",
-        "orders-marketplace",
-        "order-window-counts",
-        1,
-    );
-    let volume = Volume::new();
-    let container = Container::start(run.binary, &run.args(&[]), &volume);
-    container.wait_healthy_and_ready();
-    produce(
-        &run.input,
-        "orders-marketplace",
-        &fixture("window-aggregator/orders-marketplace.jsonl"),
-    );
-    let expected = fixture("window-aggregator/order-window-counts.expected.jsonl");
-    let records = finish(&container, &run.output, &expected);
-    assert_eq!(records, expected, "log:\n{}", container.log());
+    let image = FromImage::new();
+    fixture_runs::window_aggregator_on(&image).stop_within_grace_period();
 }
 
 /// The sessionizer's fixture; after the SIGTERM stop, a new container on the

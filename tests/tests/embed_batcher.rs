@@ -32,37 +32,10 @@ fn produce_edits(topics: &SingleInputRun, edits: &[Edit]) {
 
 const T: i64 = 1_783_345_153_000;
 
-/// The worked example (the `make demo` edits, `--batch-size 3`) through
-/// the binary: acme's full batch, globex's and initech's smaller ones, and
-/// acme's stale edit counted as late.
+/// The worked example through the binary (see [`fixture_runs::embed_batcher`]).
 #[test]
 fn the_worked_example_gives_the_documented_batches() {
-    let topics = topics(1);
-    let service = topics.start(&["--batch-size", "3", "--embedder", "hashing"]);
-    let text = std::fs::read_to_string(workspace().join("deploy/local/demo-data/articles.jsonl"))
-        .expect("demo data");
-    let input = parse_jsonl(&text);
-    produce(&topics.input, "articles", &input);
-    let edits: Vec<Edit> = input.iter().map(Edit::from_line).collect();
-    let t = 1_783_332_000_000;
-    let expected = [
-        row(&edits[1], t + 4_000),
-        row(&edits[3], t + 4_000),
-        row(&edits[4], t + 4_000),
-        row(&edits[2], t + 31_000),
-        row(&edits[5], t + 31_000),
-        row(&edits[6], t + 39_000),
-        row(&edits[7], t + 39_000),
-    ];
-    let output = wait_for_records(&topics.output, expected.len(), Duration::from_secs(60));
-    let rows: Vec<Value> = output.iter().map(|l| without_embedding(l, 384)).collect();
-    assert_same_rows_per_tenant(&rows, &expected, &service.log());
-    let late = format!("streams_records_late_total{{topic=\"{}\"}}", topics.input);
-    assert!(
-        eventually(Duration::from_secs(30), || service.metric(&late) == 1.0),
-        "{}",
-        service.metrics()
-    );
+    fixture_runs::embed_batcher();
 }
 
 /// What the fake embeddings endpoint received: authorization, model, inputs.

@@ -42,6 +42,10 @@ pub struct ConsumeArgs {
     /// Add the record headers to each JSON line.
     #[arg(long)]
     headers: bool,
+    /// Add each record's Kafka timestamp (milliseconds since the epoch) to
+    /// its JSON line.
+    #[arg(long)]
+    timestamps: bool,
 }
 
 /// Decodes values with their writer schema, caching a reader per schema id.
@@ -185,6 +189,14 @@ pub fn run(connection: &Connection, args: ConsumeArgs) -> anyhow::Result<()> {
                         }
                     }
                     line.push_str(&format!(", \"headers\": {{{}}}}}", fields.join(", ")));
+                }
+                if args.timestamps {
+                    line.pop();
+                    let timestamp = message.timestamp().to_millis();
+                    line.push_str(&format!(
+                        ", \"timestamp\": {}}}",
+                        timestamp.map_or("null".to_string(), |ms| ms.to_string())
+                    ));
                 }
                 println!("{line}");
             }
