@@ -392,7 +392,6 @@ const LEADER_LOSS_ORDERS: i64 = 100_000;
 /// the leader of the output partition, then that of a changelog partition
 /// (one broker down at a time), bringing each back.
 #[test]
-#[ignore = "open bug: after the changelog partition's leader is lost the joiner can stall for minutes (docs/fault-tolerance.md); run with --ignored"]
 fn leader_loss_under_exactly_once_leaves_the_output_exact() {
     joiner_survives(LEADER_LOSS_ORDERS, |service, topics| {
         let consumed = format!(
