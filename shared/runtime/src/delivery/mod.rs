@@ -12,86 +12,32 @@
 //! way (at-least-once). The generation travels in the low bits of the tag.
 
 mod offsets_sender;
+mod open_times;
+mod producer;
+mod reports;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, TopicPartitionList};
 
 use crate::metrics::{self, Phase, PhaseTimes, Snapshot};
 use offsets_sender::{OffsetsSender, Sent};
+use open_times::OpenTimes;
+pub use reports::{DeliveryReports, Generation, UNTRACKED};
+use reports::{GENERATIONS, GENERATION_BITS};
 
 /// How long aborting a transaction may take before the producer is replaced.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pause between two attempts to abort a transaction.
 const ABORT_PAUSE: Duration = Duration::from_millis(500);
-
-/// Tag for records whose delivery offset nobody needs.
-pub const UNTRACKED: usize = 0;
-
-/// Low bits of a record's opaque that carry its generation.
-const GENERATION_BITS: u32 = 8;
-
-/// Generations in use before a slot is reused: far more than can be in
-/// flight (one commit at a time), so a late report never counts for a
-/// younger generation.
-const GENERATIONS: usize = 1 << GENERATION_BITS;
-
-/// A commit's records, as told apart in delivery reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Generation(usize);
-
-/// Receives delivery reports.
-pub struct DeliveryReports {
-    /// Highest delivered offset per tracked tag.
-    offsets: Mutex<HashMap<usize, i64>>,
-    /// The first delivery failure since the last commit.
-    failure: Mutex<Option<KafkaError>>,
-    /// Reports served (delivered or failed), per generation.
-    reported: [AtomicU64; GENERATIONS],
-}
-
-impl Default for DeliveryReports {
-    fn default() -> Self {
-        DeliveryReports {
-            offsets: Mutex::default(),
-            failure: Mutex::default(),
-            reported: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-}
-
-impl ClientContext for DeliveryReports {}
-
-impl ProducerContext for DeliveryReports {
-    type DeliveryOpaque = usize;
-
-    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
-        self.reported[opaque % GENERATIONS].fetch_add(1, Ordering::Relaxed);
-        let tag = opaque >> GENERATION_BITS;
-        match result {
-            Ok(message) if tag != UNTRACKED => {
-                let mut offsets = self.offsets.lock().unwrap();
-                let offset = offsets.entry(tag).or_insert(-1);
-                *offset = (*offset).max(message.offset());
-            }
-            Ok(_) => {}
-            Err((error, _)) => {
-                self.failure
-                    .lock()
-                    .unwrap()
-                    .get_or_insert_with(|| error.clone());
-            }
-        }
-    }
-}
 
 /// How a failed commit must be handled.
 #[derive(Debug, thiserror::Error)]
@@ -143,37 +89,6 @@ pub struct Delivery {
 /// The producer of [`Delivery`] (transactional or not).
 type TransactionalProducer = BaseProducer<DeliveryReports>;
 
-/// Transactions remembered for the open-time percentile.
-const OPEN_TIMES_KEPT: usize = 1024;
-
-/// How long transactions stayed open: the longest since start, and the
-/// last [`OPEN_TIMES_KEPT`] for a percentile.
-#[derive(Debug, Default)]
-struct OpenTimes {
-    max: Duration,
-    recent: std::collections::VecDeque<Duration>,
-}
-
-impl OpenTimes {
-    fn record(&mut self, open: Duration) {
-        self.max = self.max.max(open);
-        if self.recent.len() == OPEN_TIMES_KEPT {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(open);
-    }
-
-    /// The 99th percentile of the recent open times (nearest rank).
-    fn p99(&self) -> Duration {
-        let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
-        sorted.sort_unstable();
-        let rank = (sorted.len() * 99).div_ceil(100);
-        rank.checked_sub(1)
-            .and_then(|index| sorted.get(index).copied())
-            .unwrap_or_default()
-    }
-}
-
 /// One record to produce.
 pub struct Outgoing<'a> {
     pub topic: &'a str,
@@ -183,44 +98,6 @@ pub struct Outgoing<'a> {
     pub payload: Option<&'a [u8]>,
     pub headers: Option<OwnedHeaders>,
     pub tag: usize,
-}
-
-/// How long one `init_transactions` call may wait before it is asked again.
-const INIT_TRANSACTIONS_ATTEMPT: Duration = Duration::from_millis(50);
-
-/// `init_transactions`, asked again every [`INIT_TRANSACTIONS_ATTEMPT`]
-/// until `timeout`. librdkafka asks for a producer id as soon as the
-/// producer exists; when its connection to the transaction coordinator is
-/// not up yet at that moment, it tries again only 500 ms later, so a new
-/// process often started half a second late. Each call of
-/// `init_transactions` asks at once.
-/// A call that times out, or fails with a retriable error (the coordinator
-/// moving or still loading, as after a broker restart), may be repeated:
-/// librdkafka's documented contract, and what one long call would have
-/// done inside.
-fn init_transactions_promptly(
-    producer: &BaseProducer<DeliveryReports>,
-    timeout: Duration,
-) -> Result<(), KafkaError> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let attempt_started = Instant::now();
-        let left = deadline.saturating_duration_since(attempt_started);
-        match producer.init_transactions(INIT_TRANSACTIONS_ATTEMPT.min(left)) {
-            Err(KafkaError::Transaction(error))
-                if (error.is_retriable()
-                    || error.code() == RDKafkaErrorCode::OperationTimedOut)
-                    && Instant::now() < deadline =>
-            {
-                // A failure reported at once is asked again after a pause,
-                // not in a tight loop.
-                std::thread::sleep(
-                    INIT_TRANSACTIONS_ATTEMPT.saturating_sub(attempt_started.elapsed()),
-                );
-            }
-            result => return result,
-        }
-    }
 }
 
 impl Delivery {
@@ -277,21 +154,6 @@ impl Delivery {
             transaction_timeout,
             open_times: OpenTimes::default(),
         })
-    }
-
-    fn create(
-        config: &ClientConfig,
-        transactional: bool,
-        timeout: Duration,
-    ) -> anyhow::Result<BaseProducer<DeliveryReports>> {
-        let producer: BaseProducer<DeliveryReports> = config
-            .create_with_context(DeliveryReports::default())
-            .map_err(|e| anyhow::anyhow!("cannot create the Kafka producer: {e}"))?;
-        if transactional {
-            init_transactions_promptly(&producer, timeout)
-                .map_err(|e| anyhow::anyhow!("cannot initialise Kafka transactions: {e}"))?;
-        }
-        Ok(producer)
     }
 
     /// Replaces a producer that librdkafka declared unusable, retrying while
@@ -670,32 +532,5 @@ fn classify(error: KafkaError) -> CommitError {
             CommitError::Aborted(error.to_string())
         }
         _ => CommitError::Fatal(error.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn millis(ms: u64) -> Duration {
-        Duration::from_millis(ms)
-    }
-
-    #[test]
-    fn open_times_keep_the_longest_and_a_recent_percentile() {
-        let mut times = OpenTimes::default();
-        assert_eq!(times.p99(), Duration::ZERO);
-        times.record(millis(9_000));
-        for ms in 1..=100 {
-            times.record(millis(ms));
-        }
-        assert_eq!(times.max, millis(9_000));
-        // 101 values: the 100th smallest is the 99th percentile.
-        assert_eq!(times.p99(), millis(100));
-        for _ in 0..OPEN_TIMES_KEPT {
-            times.record(millis(5));
-        }
-        assert_eq!(times.p99(), millis(5), "old transactions age out");
-        assert_eq!(times.max, millis(9_000), "the maximum is since start");
     }
 }
