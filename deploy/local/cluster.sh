@@ -170,35 +170,6 @@ group.initial.rebalance.delay.ms=0
 EOF
 }
 
-write_tool_logging() {
-  mkdir -p "$KAFKA_DIR"
-  cat > "$KAFKA_DIR/log4j2.properties" <<'EOF'
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.out.ref = out
-logger.request.name = kafka.request.logger
-logger.request.level = warn
-logger.statechange.name = state.change.logger
-logger.statechange.level = warn
-logger.authorizer.name = kafka.authorizer.logger
-logger.authorizer.level = warn
-EOF
-  cat > "$KAFKA_DIR/tools-log4j2.properties" <<'EOF'
-status = warn
-appender.err.type = Console
-appender.err.name = err
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.err.ref = err
-EOF
-}
-
 # Formats every node with one cluster id; the SCRAM users go into the first metadata records,
 # so they exist before any broker listens.
 format_nodes() {
@@ -337,14 +308,8 @@ security:
 EOF
   [ -f "$REGISTRY_LOG" ] && mv -f "$REGISTRY_LOG" "$REGISTRY_LOG.prev"
   log "starting schema registry on https://$HOST:$CLUSTER_REGISTRY_PORT (basic auth), log: $REGISTRY_LOG"
-  local unset_env=() v
-  for v in $(compgen -e); do
-    case "$v" in SCHEMA_REGISTRY_*) unset_env+=(-u "$v") ;; esac
-  done
   # The password goes through the environment (readable by this user only), not argv.
-  spawn "$REGISTRY_PID" "$REGISTRY_LOG" env "${unset_env[@]}" \
-    SCHEMA_REGISTRY_BOOTSTRAP_PASSWORD="$(password "$REGISTRY_USER")" \
-    "$REGISTRY_BIN" -config "$REGISTRY_DIR/config.yaml"
+  spawn_registry SCHEMA_REGISTRY_BOOTSTRAP_PASSWORD="$(password "$REGISTRY_USER")"
 }
 
 registry_tls_answers() {
@@ -363,7 +328,7 @@ cmd_cluster_up() {
   make_tls
   make_passwords
   write_client_files
-  write_tool_logging
+  write_kafka_logging
   for n in "${NODES[@]}"; do write_node_config "$n"; done
   format_nodes
   start_registry_tls

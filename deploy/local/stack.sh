@@ -218,7 +218,14 @@ num.partitions=1
 auto.create.topics.enable=true
 EOF
 
-  # Broker logs to stdout (captured into $KAFKA_LOG); the chatty per-request loggers stay quiet.
+  write_kafka_logging
+}
+
+# log4j2 files of the broker (logs to stdout, captured into its log file; the chatty
+# per-request loggers stay quiet) and of the CLI tools (warnings only, to stderr, so their
+# stdout stays machine-readable); the secured cluster (cluster.sh) uses them too.
+write_kafka_logging() {
+  mkdir -p "$KAFKA_DIR"
   cat > "$KAFKA_DIR/log4j2.properties" <<'EOF'
 status = warn
 appender.out.type = Console
@@ -235,7 +242,6 @@ logger.authorizer.name = kafka.authorizer.logger
 logger.authorizer.level = warn
 EOF
 
-  # CLI tools: warnings only, to stderr, so their stdout stays machine-readable.
   cat > "$KAFKA_DIR/tools-log4j2.properties" <<'EOF'
 status = warn
 appender.err.type = Console
@@ -318,13 +324,18 @@ start_registry() {
   write_registry_config
   [ -f "$REGISTRY_LOG" ] && mv -f "$REGISTRY_LOG" "$REGISTRY_LOG.prev"
   log "starting schema registry on http://$HOST:$SCHEMA_REGISTRY_PORT (in-memory), log: $REGISTRY_LOG"
-  # The registry lets any SCHEMA_REGISTRY_* env var (PORT, HOST, STORAGE_TYPE, AUTH_TYPE, ...)
-  # override its config file; drop them all so only the generated config applies.
+  spawn_registry
+}
+
+# Starts the registry on its generated config, with the VAR=VALUE pairs given. The registry
+# lets any SCHEMA_REGISTRY_* env var (PORT, HOST, STORAGE_TYPE, AUTH_TYPE, ...) override its
+# config file; they are all dropped so only the generated config applies.
+spawn_registry() {
   local unset_env=() v
   for v in $(compgen -e); do
     case "$v" in SCHEMA_REGISTRY_*) unset_env+=(-u "$v") ;; esac
   done
-  spawn "$REGISTRY_PID" "$REGISTRY_LOG" env "${unset_env[@]}" \
+  spawn "$REGISTRY_PID" "$REGISTRY_LOG" env "${unset_env[@]}" "$@" \
     "$REGISTRY_BIN" -config "$REGISTRY_DIR/config.yaml"
 }
 
