@@ -1,0 +1,347 @@
+//! A task store's commits: sealing the overlay, writing committed changes to
+//! RocksDB with the changelog offsets they reach (on a state writer, or at
+//! once for restored changelog records), and rolling back.
+
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+use rocksdb::{WriteBatch, DB};
+
+use super::{
+    empty_layers, family, Change, Changes, RestoreBatch, StoreIndex, TaskStore, CHECKPOINTS,
+};
+
+/// A commit's changes on their way into RocksDB, shared with the writer
+/// until it is done.
+pub(super) struct Applying {
+    pub(super) changes: Arc<Vec<Changes>>,
+    /// The changelog offset each changed store reaches with them.
+    checkpoints: Vec<(StoreIndex, i64)>,
+    written: Receiver<anyhow::Result<()>>,
+}
+
+impl TaskStore {
+    /// Seals the changes made so far for a commit; later changes go to a
+    /// fresh overlay. The previous commit must have been handed to
+    /// [`Self::apply_sealed`] or discarded.
+    ///
+    /// Values kept decoded are encoded here, once; should one fail, the
+    /// overlay stays as it is (some values encoded, which reads the same).
+    pub fn seal(&mut self) -> anyhow::Result<()> {
+        // The last commit's write has had a commit interval; its layers go
+        // now, so that at most two commits' changes are held at a time.
+        self.finish_applying()?;
+        debug_assert!(
+            self.sealed.iter().all(Changes::is_empty),
+            "one commit in flight at a time"
+        );
+        for overlay in &mut self.overlay {
+            for change in overlay.values_mut() {
+                if let Change::Decoded(value) = change {
+                    *change = Change::Put(value.encode()?);
+                }
+            }
+        }
+        // The emptied layers of the last write, capacity and all, take the
+        // next changes.
+        let fresh = (self.spare.take()).unwrap_or_else(|| empty_layers(self.names.len()));
+        self.sealed = std::mem::replace(&mut self.overlay, fresh);
+        Ok(())
+    }
+
+    /// The sealed changes of `store` (in key order if it has been scanned).
+    pub fn sealed(&self, store: StoreIndex) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.sealed[store]
+            .iter()
+            .map(|(key, change)| (key.as_slice(), change.sealed()))
+    }
+
+    /// Hands the sealed (now committed) changes to a state writer, which
+    /// writes them to RocksDB in one batch with the changelog offset each
+    /// changed store has reached. Until then they are read from memory.
+    pub fn apply_sealed(&mut self, checkpoints: &[(StoreIndex, i64)]) -> anyhow::Result<()> {
+        self.finish_applying()?;
+        let sealed = std::mem::replace(&mut self.sealed, empty_layers(self.names.len()));
+        let changes = Arc::new(sealed);
+        let checkpoints = checkpoints.to_vec();
+        let written = self.writers.run({
+            let (db, names) = (self.db.clone(), self.names.clone());
+            let (changes, checkpoints) = (changes.clone(), checkpoints.clone());
+            // The closure, and its share of the changes, is gone by the time
+            // its result is sent: the changes come back to the task whole.
+            move || write_changes(&db, &names, &changes, &checkpoints)
+        });
+        self.applying = Some(Applying {
+            changes,
+            checkpoints,
+            written,
+        });
+        Ok(())
+    }
+
+    /// Waits for the write in flight, if any, and empties its layers into
+    /// the read cache (what was just written is what will be read next),
+    /// keeping them as spares.
+    pub(super) fn finish_applying(&mut self) -> anyhow::Result<()> {
+        let Some(applying) = self.applying.take() else {
+            return Ok(());
+        };
+        let written = applying
+            .written
+            .recv()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the state writer stopped")));
+        written.map_err(|e| e.context(format!("writing state to {}", self.path.display())))?;
+        let mut changes =
+            Arc::into_inner(applying.changes).expect("the writer has let go of the changes");
+        for (store, layer) in changes.iter_mut().enumerate() {
+            for (key, change) in layer.drain() {
+                self.cache.insert(store, key, change.into_sealed());
+            }
+        }
+        self.spare = Some(changes);
+        Ok(())
+    }
+
+    /// Drops every uncommitted change, sealed or not: the task is back at
+    /// its last commit, which is in RocksDB once this returns.
+    pub fn discard_uncommitted(&mut self) -> anyhow::Result<()> {
+        self.overlay.iter_mut().for_each(Changes::clear);
+        self.sealed.iter_mut().for_each(Changes::clear);
+        self.finish_applying()
+    }
+
+    /// Whether any store has changes not yet sealed for a commit.
+    pub fn has_uncommitted(&self) -> bool {
+        self.overlay.iter().any(|overlay| !overlay.is_empty())
+    }
+
+    /// The last changelog offset applied locally for `store` (or being
+    /// applied), if any.
+    pub fn checkpoint(&self, store: StoreIndex) -> anyhow::Result<Option<i64>> {
+        let mut applying = self.applying.iter().flat_map(|a| &a.checkpoints);
+        if let Some((_, offset)) = applying.find(|(s, _)| *s == store) {
+            return Ok(Some(*offset));
+        }
+        let family = self.db.cf_handle(CHECKPOINTS).expect("checkpoint family");
+        let value = self
+            .db
+            .get_pinned_cf(family, self.names[store].as_bytes())?;
+        Ok(value.and_then(|bytes| bytes.as_ref().try_into().ok().map(i64::from_be_bytes)))
+    }
+
+    /// An empty batch of restored changelog records for this store.
+    pub fn restore_batch(&self) -> RestoreBatch {
+        RestoreBatch::new(self.names.len())
+    }
+
+    /// Adds a changelog record of `store` at `offset` to `batch`: a put, or
+    /// a deletion for a tombstone (no value).
+    pub fn stage_restored(
+        &self,
+        batch: &mut RestoreBatch,
+        store: StoreIndex,
+        offset: i64,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) {
+        batch.push(store, key, value);
+        batch.checkpoints[store] = Some(offset);
+    }
+
+    /// Writes restored changelog records straight to RocksDB, in one write
+    /// with the offsets they reach. Used only while the task is restoring
+    /// (nothing uncommitted).
+    pub fn write_restored(&mut self, mut restored: RestoreBatch) -> anyhow::Result<()> {
+        self.finish_applying()?;
+        let families: Vec<_> = (0..self.names.len()).map(|s| self.family(s)).collect();
+        let mut batch = WriteBatch::default();
+        for (store, key, value) in restored.in_key_order() {
+            match value {
+                Some(value) => batch.put_cf(families[store], key, value),
+                None => batch.delete_cf(families[store], key),
+            }
+        }
+        let reached = restored.checkpoints.iter().enumerate();
+        let reached = reached.filter_map(|(store, offset)| offset.map(|offset| (store, offset)));
+        put_checkpoints(&mut batch, &self.db, &self.names, reached);
+        self.db.write(batch)?;
+        self.cache.clear();
+        Ok(())
+    }
+}
+
+impl Drop for TaskStore {
+    /// Waits for the write in flight, so that the database is closed (and
+    /// unlocked for its next owner) when the store is.
+    fn drop(&mut self) {
+        if let Err(error) = self.finish_applying() {
+            tracing::error!(error = format!("{error:#}"), "the last commit's state was not written locally; it is restored from the changelog on the next start");
+        }
+    }
+}
+
+/// Writes a commit's `changes` to RocksDB in one batch, with the changelog
+/// offsets they reach, so that local state and its checkpoints move together.
+fn write_changes(
+    db: &DB,
+    names: &[String],
+    changes: &[Changes],
+    checkpoints: &[(StoreIndex, i64)],
+) -> anyhow::Result<()> {
+    let mut batch = WriteBatch::default();
+    for (store, changes) in changes.iter().enumerate() {
+        let family = family(db, &names[store]);
+        // In key order: RocksDB's memtable resumes each insert's search
+        // where the last one ended, so sorted inserts search less (measured
+        // on the sessionizer's profile).
+        for (key, change) in changes.in_key_order() {
+            match change.sealed() {
+                Some(value) => batch.put_cf(family, key, value),
+                None => batch.delete_cf(family, key),
+            }
+        }
+    }
+    put_checkpoints(&mut batch, db, names, checkpoints.iter().copied());
+    Ok(db.write(batch)?)
+}
+
+/// Adds to `batch` the changelog offset each store reaches with it.
+fn put_checkpoints(
+    batch: &mut WriteBatch,
+    db: &DB,
+    names: &[String],
+    reached: impl IntoIterator<Item = (StoreIndex, i64)>,
+) {
+    let checkpoint_family = family(db, CHECKPOINTS);
+    for (store, offset) in reached {
+        batch.put_cf(
+            checkpoint_family,
+            names[store].as_bytes(),
+            offset.to_be_bytes(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::store::tests::{temp_store, temp_store_with};
+    use crate::state::store::StateResources;
+
+    #[test]
+    fn a_commit_is_read_from_memory_until_its_write_is_done() {
+        let resources = StateResources::new(8 << 20, 1);
+        let (mut store, dir) = temp_store_with(&["a"], &resources);
+        let in_rocksdb =
+            |store: &TaskStore, key: &[u8]| store.db.get_cf(store.family(0), key).unwrap();
+        // The only writer is busy until told: the commit's write waits.
+        let (release, busy) = std::sync::mpsc::channel::<()>();
+        let _busy = resources.writers.run(move || busy.recv());
+        store.put(0, b"k".to_vec(), b"1".to_vec());
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 7)]).unwrap();
+        assert_eq!(in_rocksdb(&store, b"k"), None, "not written yet");
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"1".to_vec())
+        );
+        assert_eq!(store.checkpoint(0).unwrap(), Some(7));
+        release.send(()).unwrap();
+        // The next seal waits for the write.
+        store.put(0, b"k".to_vec(), b"2".to_vec());
+        store.seal().unwrap();
+        assert_eq!(in_rocksdb(&store, b"k"), Some(b"1".to_vec()));
+        assert_eq!(store.checkpoint(0).unwrap(), Some(7));
+        // So does a rollback, which keeps what is committed.
+        store.apply_sealed(&[(0, 8)]).unwrap();
+        store.put(0, b"k".to_vec(), b"3".to_vec());
+        store.discard_uncommitted().unwrap();
+        assert_eq!(in_rocksdb(&store, b"k"), Some(b"2".to_vec()));
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"2".to_vec())
+        );
+        // Closing waits too: a write in flight is in the database reopened.
+        store.put(0, b"k".to_vec(), b"4".to_vec());
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 9)]).unwrap();
+        drop(store);
+        let mut reopened = TaskStore::open(&dir, &["a".to_string()], &resources).unwrap();
+        assert_eq!(
+            reopened.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"4".to_vec())
+        );
+        assert_eq!(reopened.checkpoint(0).unwrap(), Some(9));
+        drop(reopened);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_restored_batch_leaves_each_key_as_its_last_changelog_record_says() {
+        let (mut store, dir) = temp_store(&["a", "b"]);
+        store.put(0, b"gone".to_vec(), b"old".to_vec());
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 1)]).unwrap();
+        let mut batch = store.restore_batch();
+        let records: [(StoreIndex, &[u8], _); 7] = [
+            (0, b"k2", Some(&b"first"[..])),
+            (1, b"k1", Some(b"in b")),
+            (0, b"k1", Some(b"one")),
+            (0, b"gone", None),
+            (0, b"k2", Some(b"second")),
+            (0, b"k3", Some(b"put")),
+            (0, b"k3", None),
+        ];
+        for (offset, (store_index, key, value)) in records.into_iter().enumerate() {
+            store.stage_restored(&mut batch, store_index, 10 + offset as i64, key, value);
+        }
+        assert_eq!(batch.records(), 7);
+        store.write_restored(batch).unwrap();
+        let mut read = |store_index: StoreIndex, key: &[u8]| {
+            store.read(store_index, key, |v| v.to_vec()).unwrap()
+        };
+        assert_eq!(read(0, b"k1"), Some(b"one".to_vec()));
+        assert_eq!(
+            read(0, b"k2"),
+            Some(b"second".to_vec()),
+            "the later record wins"
+        );
+        assert_eq!(read(0, b"k3"), None, "a tombstone after a put deletes");
+        assert_eq!(read(0, b"gone"), None);
+        assert_eq!(read(1, b"k1"), Some(b"in b".to_vec()));
+        assert_eq!(store.checkpoint(0).unwrap(), Some(16));
+        assert_eq!(store.checkpoint(1).unwrap(), Some(11));
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn uncommitted_layers_shadow_rocksdb_until_applied_or_discarded() {
+        let (mut store, dir) = temp_store(&["a"]);
+        store.put(0, b"k".to_vec(), b"1".to_vec());
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 7)]).unwrap();
+        store.put(0, b"k".to_vec(), b"2".to_vec());
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"2".to_vec())
+        );
+        store.seal().unwrap();
+        store.put(0, b"k".to_vec(), b"3".to_vec());
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"3".to_vec()),
+            "changes after the seal shadow the sealed ones"
+        );
+        store.discard_uncommitted().unwrap();
+        assert_eq!(
+            store.read(0, b"k", |v| v.to_vec()).unwrap(),
+            Some(b"1".to_vec())
+        );
+        store.delete(0, b"k".to_vec());
+        assert_eq!(store.read(0, b"k", |v| v.to_vec()).unwrap(), None);
+        assert_eq!(store.checkpoint(0).unwrap(), Some(7));
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
