@@ -17,11 +17,14 @@
 //! consumer, producer and transactions) or of `crate::testing` (in-memory
 //! topics). The order of work is the same for both, because it is this code.
 //!
-//! `commit.rs` prepares and settles commits; `lifecycle.rs` opens and closes
-//! tasks; `snapshot.rs` reports the engine's metrics; `kafka_stage/` runs it
-//! on a Kafka consumer group.
+//! `drain.rs` runs the tasks' buffered work and jobs; `commit.rs` prepares
+//! and settles commits; `lifecycle.rs` opens and closes tasks;
+//! `counters.rs` holds what the engine counts and `snapshot.rs` reports it
+//! as metrics; `kafka_stage/` runs the engine on a Kafka consumer group.
 
 mod commit;
+mod counters;
+mod drain;
 mod job_gate;
 pub(crate) mod kafka_stage;
 mod lifecycle;
@@ -40,9 +43,13 @@ use crate::collector::{Collector, Headers, TopicId};
 use crate::output::OutputEncoder;
 use crate::pool::WorkerPool;
 use crate::processor::Processor;
-use crate::task::{EventTimeSettings, InputKind, Origin, Outcome, Pending, Task, TaskEnv};
+use crate::task::{EventTimeSettings, InputKind, Origin, Pending, Task};
 use crate::topology::{DecodeFn, RekeyFn};
 use crate::watermark::{partition_watermark, Announcement};
+#[cfg(feature = "test-utils")]
+pub(crate) use counters::RecordCounts;
+pub(crate) use counters::{EngineCounters, TopicCounts};
+pub(crate) use drain::Flush;
 use job_gate::JobGate;
 
 /// Settings of the engine, resolved at startup.
@@ -57,22 +64,6 @@ pub(crate) struct EngineSettings {
     pub link_partitions: Option<usize>,
     /// Threads running the processors' jobs (0: jobs run inline).
     pub job_workers: usize,
-}
-
-/// The [`TaskEnv`] of an engine at `now`: a macro, so that it borrows the
-/// engine's collector, output and jobs alone, beside its tasks.
-macro_rules! task_env {
-    ($engine:ident, $now:expr) => {
-        TaskEnv {
-            collector: &mut $engine.collector,
-            output: &$engine.output,
-            feeds_stage: $engine.settings.link_partitions.is_some(),
-            time: $engine.settings.event_time,
-            now: $now,
-            shutdown: &$engine.shutdown,
-            jobs: &$engine.jobs,
-        }
-    };
 }
 
 /// What the engine does with records of one subscribed topic.
@@ -135,21 +126,6 @@ pub(crate) struct Incoming<'a> {
     pub announcement: Option<Announcement>,
 }
 
-/// Takes the records collected so far (to the producer).
-pub(crate) type Flush<'a> = &'a mut dyn FnMut(&mut Collector);
-
-/// Entries a drain handles between two flushes of the collected records.
-/// A merge that waited for an input releases everything buffered behind it
-/// at once (the joiner: a whole second of shipments, ~9 000, when the first
-/// order of the next second arrives); without flushes their results would
-/// all reach the producer only at the end, the first ones ~0.2 s late.
-const FLUSH_EVERY: usize = 256;
-
-/// Whether `interval` has passed on `clock` since `since`.
-fn interval_passed(clock: &Clock, since: Instant, interval: Duration) -> bool {
-    clock.now().instant.saturating_duration_since(since) >= interval
-}
-
 /// Event-time progress of one source partition of a repartitioning.
 #[derive(Debug, Default)]
 struct UpstreamClock {
@@ -159,37 +135,6 @@ struct UpstreamClock {
     /// idle timeout, an active upstream announces even an unchanged
     /// watermark, so that downstream does not take it for idle.
     active: bool,
-}
-
-/// Per-topic counts since startup.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct TopicCounts {
-    pub consumed: u64,
-    pub late: u64,
-    pub dead_lettered: u64,
-}
-
-/// The engine's counts of records, per topic: consumed, late and
-/// dead-lettered (by subscription index) and produced (by collector topic
-/// id). The test driver's crash takes them back to the last commit.
-#[cfg(feature = "test-utils")]
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RecordCounts {
-    topics: Vec<TopicCounts>,
-    produced: Vec<u64>,
-}
-
-/// Everything the engine counts, published as metrics at each commit.
-#[derive(Debug, Default)]
-pub(crate) struct EngineCounters {
-    /// By subscription index.
-    pub topics: Vec<TopicCounts>,
-    pub restored_records: u64,
-    pub commits: u64,
-    pub commits_aborted: u64,
-    pub commit_seconds: f64,
-    /// Processor counters of committed work.
-    pub processor: BTreeMap<&'static str, u64>,
 }
 
 pub(crate) struct Engine<P: Processor> {
@@ -279,21 +224,6 @@ impl<P: Processor> Engine<P> {
         }
     }
 
-    /// Makes every drain stop, leaving the rest buffered, once the commit
-    /// interval has passed: the caller's loop then commits on time however
-    /// much a merge releases at once, and a commit in flight is finished
-    /// instead of waiting behind the drain. (The test driver, whose clock
-    /// does not move inside a drain, drains to the end.)
-    pub fn yield_to_commits(&mut self) {
-        self.yields_to_commits = true;
-    }
-
-    /// Whether the last drains stopped for a commit with entries still ready:
-    /// the caller should not wait for new records before draining again.
-    pub fn has_backlog(&self) -> bool {
-        self.backlog
-    }
-
     /// The topics this stage consumes.
     pub fn subscriptions(&self) -> &[Subscription] {
         &self.subscriptions
@@ -323,7 +253,7 @@ impl<P: Processor> Engine<P> {
     }
 
     /// Handles one consumed record; `flush` is handed the collected records
-    /// during a long drain (see [`FLUSH_EVERY`]).
+    /// during a long drain (see [`FLUSH_EVERY`](drain::FLUSH_EVERY)).
     pub fn handle(&mut self, message: Incoming<'_>, flush: Flush<'_>) -> anyhow::Result<()> {
         let Incoming {
             subscription,
@@ -425,78 +355,6 @@ impl<P: Processor> Engine<P> {
         })
     }
 
-    /// Handles every buffered entry of task `partition` that may go now,
-    /// handing the collected records to `flush` every [`FLUSH_EVERY`] entries.
-    fn drain(&mut self, partition: i32, flush: Flush<'_>) -> anyhow::Result<()> {
-        let jobs_elsewhere =
-            self.jobs_in_flight() - self.tasks.get(&partition).map_or(0, Task::jobs_in_flight);
-        let commit_due = self.yields_to_commits && self.commit_due();
-        let Some(task) = self.tasks.get_mut(&partition) else {
-            return Ok(());
-        };
-        let now = self.clock.now();
-        let mut env = task_env!(self, now);
-        let mut handled = 0usize;
-        while !self
-            .job_gate
-            .holds(jobs_elsewhere + task.jobs_in_flight(), commit_due)
-        {
-            let Some((slot, entry)) = task.next_ready(self.settings.max_task_idle, now.instant)
-            else {
-                break;
-            };
-            handled += 1;
-            let last_before_commit = handled.is_multiple_of(FLUSH_EVERY) && {
-                flush(env.collector);
-                self.yields_to_commits
-                    && interval_passed(&self.clock, self.last_commit, self.settings.commit_interval)
-            };
-            let origin = entry.origin();
-            match entry {
-                Pending::Record {
-                    key,
-                    value,
-                    event_time,
-                    raw,
-                    stamp,
-                    ..
-                } => {
-                    let outcome = task.handle_record(
-                        &mut env,
-                        slot,
-                        key.as_deref(),
-                        value,
-                        event_time,
-                        stamp,
-                    )?;
-                    if outcome == Outcome::Late {
-                        self.counters.topics[origin.topic_index].late += 1;
-                        if let Some(late_topic) = self.side.late {
-                            env.collector.push(
-                                late_topic,
-                                None,
-                                key.as_deref().map(str::as_bytes),
-                                raw.as_deref(),
-                                Headers::None,
-                            );
-                        }
-                    }
-                }
-                Pending::Announcement { announcement, .. } => {
-                    task.handle_announcement(&mut env, slot, announcement)?;
-                }
-                Pending::Skipped { .. } => {}
-            }
-            self.positions
-                .insert((origin.topic_index, partition), origin.offset + 1);
-            if last_before_commit {
-                self.backlog = true;
-                break;
-            }
-        }
-        task.complete_jobs(&mut env, false)
-    }
-
     /// Forwards a record of a re-keyed source to its repartition topic,
     /// stamped with the source partition's watermark including this record.
     fn rekey(&mut self, slot: usize, message: Incoming<'_>) -> anyhow::Result<()> {
@@ -562,94 +420,6 @@ impl<P: Processor> Engine<P> {
             message.offset,
         );
         self.counters.topics[message.subscription].dead_lettered += 1;
-    }
-
-    /// Lets waiting inputs go, idle partitions move watermarks and wall-clock
-    /// timers fire; `flush` as in [`Engine::handle`].
-    pub fn tick(&mut self, flush: Flush<'_>) -> anyhow::Result<()> {
-        self.backlog = false;
-        self.complete_jobs(false)?;
-        let partitions: Vec<i32> = self.tasks.keys().copied().collect();
-        for partition in partitions {
-            self.drain(partition, flush)?;
-        }
-        let commit_due = self.yields_to_commits && self.commit_due();
-        let mut jobs_in_flight = self.jobs_in_flight();
-        let mut env = task_env!(self, self.clock.now());
-        for task in self.tasks.values_mut() {
-            if self.job_gate.holds(jobs_in_flight, commit_due) {
-                break;
-            }
-            let before = task.jobs_in_flight();
-            task.tick(&mut env)?;
-            task.complete_jobs(&mut env, false)?;
-            jobs_in_flight = jobs_in_flight + task.jobs_in_flight() - before;
-        }
-        Ok(())
-    }
-
-    /// Whether a task has started jobs that have not completed.
-    pub fn has_jobs(&self) -> bool {
-        self.tasks.values().any(Task::has_jobs)
-    }
-
-    /// Jobs started by the tasks and not yet completed.
-    pub fn jobs_in_flight(&self) -> usize {
-        self.tasks.values().map(Task::jobs_in_flight).sum()
-    }
-
-    /// Whether processors' jobs run on worker threads, so that a commit may
-    /// have to wait for them (see [`JobGate`]).
-    pub fn runs_jobs_off_thread(&self) -> bool {
-        self.settings.job_workers > 0
-    }
-
-    /// Waits for every started job and runs its completion (before a commit).
-    pub fn finish_jobs(&mut self) -> anyhow::Result<()> {
-        self.complete_jobs(true)
-    }
-
-    /// Runs the completions of finished jobs, in each task's submission
-    /// order; with `wait`, of every job started.
-    fn complete_jobs(&mut self, wait: bool) -> anyhow::Result<()> {
-        if !self.has_jobs() {
-            return Ok(());
-        }
-        let mut env = task_env!(self, self.clock.now());
-        for task in self.tasks.values_mut() {
-            task.complete_jobs(&mut env, wait)?;
-        }
-        Ok(())
-    }
-
-    /// Whether the commit interval has passed since the last commit ended.
-    pub fn commit_due(&self) -> bool {
-        interval_passed(&self.clock, self.last_commit, self.settings.commit_interval)
-    }
-
-    /// Records consumed so far, over all subscriptions.
-    pub fn consumed_records(&self) -> u64 {
-        self.counters
-            .topics
-            .iter()
-            .map(|counts| counts.consumed)
-            .sum()
-    }
-
-    /// The records counted so far (see [`RecordCounts`]).
-    #[cfg(feature = "test-utils")]
-    pub(crate) fn record_counts(&self) -> RecordCounts {
-        RecordCounts {
-            topics: self.counters.topics.clone(),
-            produced: self.collector.produced_counts(),
-        }
-    }
-
-    /// Takes the counts of records back to `counts`, taken earlier.
-    #[cfg(feature = "test-utils")]
-    pub(crate) fn reset_record_counts(&mut self, counts: &RecordCounts) {
-        self.counters.topics.clone_from(&counts.topics);
-        self.collector.reset_produced(&counts.produced);
     }
 }
 
