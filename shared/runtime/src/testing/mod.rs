@@ -103,7 +103,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,17 +110,17 @@ use serde::de::DeserializeOwned;
 
 use crate::avro::json::{format_line, parse_value};
 use crate::avro::{split_wire_format, AvroEncoder, Registry};
-use crate::clock::{Clock, ManualTime};
-use crate::engine::{Incoming, Subscription};
+use crate::clock::ManualTime;
 use crate::metrics::{Metrics, Snapshot};
-use crate::partitioner::murmur2_partition;
 use crate::processor::{MapState, ValueState};
 use crate::state::codec::{decode_value, map_prefix, MapKey};
-use crate::Pipeline;
 
+mod builder;
+mod flow;
 mod stage;
 mod topics;
 
+pub use builder::TestDriverBuilder;
 use stage::InputTopic;
 pub(crate) use stage::{driver_stage, DriverEnv, DriverStage};
 pub use topics::TopicRecord;
@@ -142,82 +141,6 @@ pub fn runtime_args(flags: &[&str]) -> anyhow::Result<crate::RuntimeArgs> {
     }
     let argv = std::iter::once("test").chain(flags.iter().copied());
     Ok(<Flags as clap::Parser>::try_parse_from(argv)?.runtime)
-}
-
-/// Options of a [`TestDriver`] beyond what the pipeline's flags say.
-pub struct TestDriverBuilder {
-    pipeline: Pipeline,
-    default_partitions: usize,
-    partitions: HashMap<String, usize>,
-}
-
-impl TestDriverBuilder {
-    /// Gives every input topic not named in [`topic_partitions`](Self::topic_partitions)
-    /// `count` partitions (default 1).
-    pub fn partitions(mut self, count: usize) -> Self {
-        self.default_partitions = count;
-        self
-    }
-
-    /// Gives input topic `topic` `count` partitions.
-    pub fn topic_partitions(mut self, topic: &str, count: usize) -> Self {
-        self.partitions.insert(topic.to_string(), count);
-        self
-    }
-
-    /// Builds every stage and opens all of their tasks.
-    pub fn build(self) -> anyhow::Result<TestDriver> {
-        static DRIVERS: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "streams-test-driver-{}-{}",
-            std::process::id(),
-            DRIVERS.fetch_add(1, Ordering::Relaxed)
-        ));
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-        let (clock, time) = Clock::manual(START_EPOCH_MS);
-        let (args, service, specs) = self.pipeline.into_parts();
-        let mut env = DriverEnv {
-            application_id: args.application_id_or(service),
-            registry: Registry::in_memory(),
-            clock,
-            shutdown: Arc::new(AtomicBool::new(false)),
-            dir: dir.clone(),
-            partitions: self.partitions,
-            default_partitions: self.default_partitions,
-            link_writers: HashMap::new(),
-            inputs: HashMap::new(),
-            args,
-        };
-        let mut stages = Vec::with_capacity(specs.len());
-        for spec in specs {
-            stages.push(spec.into_driver_stage(&mut env)?);
-        }
-        let topics = env
-            .partitions
-            .iter()
-            .map(|(name, count)| {
-                let topic = MemoryTopic {
-                    partitions: vec![Vec::new(); *count],
-                };
-                (name.clone(), topic)
-            })
-            .collect();
-        let cursors = stages.iter().map(|_| HashMap::new()).collect();
-        let committed = stages.iter().map(|_| HashMap::new()).collect();
-        Ok(TestDriver {
-            stages,
-            topics,
-            registry: env.registry,
-            inputs: env.inputs,
-            time,
-            dir: TempDir(dir),
-            sequence: 0,
-            cursors,
-            committed,
-        })
-    }
 }
 
 /// Deletes the driver's state directory when the driver goes.
@@ -246,20 +169,6 @@ pub struct TestDriver {
 }
 
 impl TestDriver {
-    /// A driver for `pipeline` with one partition per input topic.
-    pub fn new(pipeline: Pipeline) -> anyhow::Result<TestDriver> {
-        Self::builder(pipeline).build()
-    }
-
-    /// A driver for `pipeline`, with options.
-    pub fn builder(pipeline: Pipeline) -> TestDriverBuilder {
-        TestDriverBuilder {
-            pipeline,
-            default_partitions: 1,
-            partitions: HashMap::new(),
-        }
-    }
-
     /// The directory holding the stages' RocksDB databases.
     pub fn state_dir(&self) -> &Path {
         &self.dir.0
@@ -540,110 +449,12 @@ impl TestDriver {
     pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
         self.metrics().counter(name, labels)
     }
-
-    fn partition_for(&self, topic: &str, key: Option<&[u8]>) -> anyhow::Result<i32> {
-        let count = self
-            .topics
-            .get(topic)
-            .map(|t| t.partitions.len())
-            .ok_or_else(|| anyhow::anyhow!("unknown topic {topic}"))?;
-        Ok(key.map_or(0, |key| murmur2_partition(key, count)))
-    }
-
-    fn append(
-        &mut self,
-        topic: &str,
-        partition: Option<i32>,
-        mut record: StoredRecord,
-    ) -> anyhow::Result<()> {
-        let partition = match partition {
-            Some(partition) => partition,
-            None => self.partition_for(topic, record.key.as_deref())?,
-        };
-        let memory = self
-            .topics
-            .get_mut(topic)
-            .ok_or_else(|| anyhow::anyhow!("unknown topic {topic}"))?;
-        let log = memory
-            .partitions
-            .get_mut(partition as usize)
-            .ok_or_else(|| anyhow::anyhow!("{topic} has no partition {partition}"))?;
-        self.sequence += 1;
-        record.sequence = self.sequence;
-        log.push(record);
-        Ok(())
-    }
-
-    /// Appends what stage `index` collected to the topics.
-    fn collect(&mut self, index: usize) -> anyhow::Result<()> {
-        let mut written = Vec::new();
-        self.stages[index].drain(&mut |topic, partition, record| {
-            written.push((topic.to_string(), partition, record));
-        });
-        for (topic, partition, record) in written {
-            self.append(&topic, partition, record)?;
-        }
-        Ok(())
-    }
-
-    /// Feeds every stage the records it has not read, oldest append first,
-    /// until none is left.
-    fn run(&mut self) -> anyhow::Result<()> {
-        let subscriptions: Vec<Vec<Subscription>> = self
-            .stages
-            .iter()
-            .map(|stage| stage.subscriptions())
-            .collect();
-        loop {
-            let mut next: Option<(u64, usize, usize, i32, usize)> = None;
-            for (stage, subscribed) in subscriptions.iter().enumerate() {
-                for (subscription, Subscription { topic, .. }) in subscribed.iter().enumerate() {
-                    let Some(memory) = self.topics.get(topic) else {
-                        continue;
-                    };
-                    for (partition, records) in memory.partitions.iter().enumerate() {
-                        let cursor = self.cursors[stage]
-                            .entry((subscription, partition as i32))
-                            .or_insert(0);
-                        while records.get(*cursor).is_some_and(|r| r.aborted) {
-                            *cursor += 1;
-                        }
-                        if let Some(record) = records.get(*cursor) {
-                            if next.is_none_or(|(sequence, ..)| record.sequence < sequence) {
-                                next = Some((
-                                    record.sequence,
-                                    stage,
-                                    subscription,
-                                    partition as i32,
-                                    *cursor,
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
-            let Some((_, stage, subscription, partition, offset)) = next else {
-                return Ok(());
-            };
-            let topic = &subscriptions[stage][subscription].topic;
-            let record = self.topics[topic].partitions[partition as usize][offset].clone();
-            self.cursors[stage].insert((subscription, partition), offset + 1);
-            self.stages[stage].handle(Incoming {
-                subscription,
-                partition,
-                offset: offset as i64,
-                key: record.key.as_deref(),
-                value: record.value.as_deref(),
-                announcement: record.announcement,
-            })?;
-            self.collect(stage)?;
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::partitioner::murmur2_partition;
     use crate::prelude::*;
 
     #[derive(Debug, serde::Deserialize)]
