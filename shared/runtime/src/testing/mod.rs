@@ -2,13 +2,13 @@
 //! broker or a schema registry — the counterpart of Kafka Streams'
 //! `TopologyTestDriver`.
 //!
-//! The driver builds every stage of a [`Pipeline`] exactly as a service does
-//! (same routes, internal topics, stores and engine), on RocksDB in a
-//! temporary directory, with in-memory topics, an in-memory schema registry
-//! and a clock that moves only when told. What runs is the real task code:
-//! decoding, dead letters, the merge of inputs by event time, lateness,
-//! watermarks, timers of both time domains, state, repartitioning between
-//! tasks of several partitions, stage links, commits and rollbacks.
+//! The driver builds every stage of a [`Pipeline`](crate::Pipeline) exactly
+//! as a service does (same routes, internal topics, stores and engine), on
+//! RocksDB in a temporary directory, with in-memory topics, an in-memory
+//! schema registry and a clock that moves only when told. What runs is the
+//! real task code: decoding, dead letters, the merge of inputs by event time,
+//! lateness, watermarks, timers of both time domains, state, repartitioning
+//! between tasks of several partitions, stage links, commits and rollbacks.
 //!
 //! * [`pipe`](TestDriver::pipe) a record (key and JSON value, whose event-time
 //!   field sets its event time) to an input topic, to the partition its key
