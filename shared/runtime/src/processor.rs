@@ -381,7 +381,7 @@ impl<K, V> MapState<K, V> {
 /// back.
 ///
 /// A processor submits (`Context::submit`) a job: a closure that runs
-/// on one of the stage's job workers and returns a a `Completion`, which in
+/// on one of the stage's job workers and returns a `Completion`, which in
 /// turn runs on the processing thread with the processor and a context, like
 /// `process` or `on_timer`. Meanwhile the task goes on with other records.
 /// Completions of one task run in the order their jobs were submitted, so a
@@ -390,7 +390,7 @@ impl<K, V> MapState<K, V> {
 /// state that expects a result without the result (exactly-once), and after
 /// a crash uncommitted jobs are simply done again. How the engine keeps
 /// that wait bounded and out of any transaction is `JobGate`'s business
-/// (`engine/mod.rs`).
+/// (`engine/job_gate.rs`).
 ///
 /// Jobs run on a [`WorkerPool`](crate::pool::WorkerPool). With no workers
 /// configured, a job runs at once on the processing thread (the test driver
