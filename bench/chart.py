@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Draws bench/results/<date>.json as an SVG: records/s and peak RSS per use
-case and system (median bars, min-max whiskers). Standard library only.
+"""Draws bench/results/<date>.json as an SVG: steady and whole-run records/s
+and peak RSS per use case, shape and system (median bars, min-max whiskers),
+with ours over Kafka Streams on the steady rate. Standard library only.
 
     python3 bench/chart.py bench/results/<date>.json bench/results/<date>.svg
 """
@@ -10,7 +11,7 @@ import sys
 from xml.sax.saxutils import escape
 
 COLORS = {"ours": "#1f77b4", "kafka-streams": "#ff7f0e", "rawcopy": "#7f7f7f"}
-WIDTH = 900
+GROUP_WIDTH = 130
 PANEL = 300
 MARGIN_LEFT, MARGIN_TOP = 80, 50
 
@@ -35,15 +36,16 @@ def label(value):
     return f"{value:.0f}"
 
 
-def panel(out, top, title, unit, summary, key):
-    use_cases = list(summary)
+def panel(out, top, width, title, unit, groups, key, notes=None):
+    """One bar chart: `groups` is [(use case, shape, {system: summary})];
+    `notes`, a text under each group's name."""
     systems = []
-    for per in summary.values():
+    for _, _, per in groups:
         systems += [s for s in per if s not in systems]
-    top_value = nice_max(max([per[s][key]["max"] for per in summary.values() for s in per
+    top_value = nice_max(max([per[s][key]["max"] for _, _, per in groups for s in per
                               if per[s].get(key)] + [1]))
-    plot_w = WIDTH - MARGIN_LEFT - 20
-    plot_h = PANEL - 80
+    plot_w = width - MARGIN_LEFT - 20
+    plot_h = PANEL - 90
     base = top + 40 + plot_h
     out.append(f'<text x="{MARGIN_LEFT}" y="{top + 20}" font-size="15" font-weight="bold">{escape(title)}</text>')
     for i in range(5):
@@ -53,12 +55,13 @@ def panel(out, top, title, unit, summary, key):
         out.append(f'<text x="{MARGIN_LEFT - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{label(value)}</text>')
     out.append(f'<text x="16" y="{base - plot_h / 2:.1f}" font-size="11" transform="rotate(-90 16 {base - plot_h / 2:.1f})" '
                f'text-anchor="middle">{escape(unit)}</text>')
-    group_w = plot_w / max(1, len(use_cases))
+    group_w = plot_w / max(1, len(groups))
     bar_w = min(50, (group_w - 30) / max(1, len(systems)))
-    for g, use_case in enumerate(use_cases):
+    for g, (use_case, shape, per) in enumerate(groups):
         x0 = MARGIN_LEFT + g * group_w + (group_w - bar_w * len(systems)) / 2
+        center = MARGIN_LEFT + g * group_w + group_w / 2
         for s, system in enumerate(systems):
-            stats = summary[use_case].get(system, {}).get(key)
+            stats = per.get(system, {}).get(key)
             if not stats:
                 continue
             x = x0 + s * bar_w
@@ -74,20 +77,33 @@ def panel(out, top, title, unit, summary, key):
             out.append(f'<line x1="{cx - 4:.1f}" y1="{y_min:.1f}" x2="{cx + 4:.1f}" y2="{y_min:.1f}" stroke="#000"/>')
             out.append(f'<text x="{cx:.1f}" y="{y_max - 4:.1f}" font-size="10" text-anchor="middle">'
                        f'{label(stats["median"])}</text>')
-        out.append(f'<text x="{MARGIN_LEFT + g * group_w + group_w / 2:.1f}" y="{base + 18:.1f}" font-size="12" '
+        out.append(f'<text x="{center:.1f}" y="{base + 16:.1f}" font-size="11" '
                    f'text-anchor="middle">{escape(use_case)}</text>')
+        out.append(f'<text x="{center:.1f}" y="{base + 30:.1f}" font-size="11" fill="#555" '
+                   f'text-anchor="middle">{escape(shape)}</text>')
+        if notes and notes[g]:
+            out.append(f'<text x="{center:.1f}" y="{base + 44:.1f}" font-size="11" font-weight="bold" '
+                       f'text-anchor="middle">{escape(notes[g])}</text>')
     return systems
 
 
 def main():
     results = json.load(open(sys.argv[1]))
-    summary = results["summary"]
     meta = results["meta"]
+    groups = [(use_case, shape, per["systems"]) for use_case, shapes in results["summary"].items()
+              for shape, per in shapes.items()]
+    ratios = [per["ours_vs_kafka_streams"]["steady_records_per_s"] for shapes in results["summary"].values()
+              for per in shapes.values()]
+    width = max(900, MARGIN_LEFT + 20 + GROUP_WIDTH * len(groups))
     out = []
-    systems = panel(out, 0, "Throughput, exactly_once_v2: input records per second (median, min-max)",
-                    "records/s", summary, "records_per_s")
-    panel(out, PANEL, "Peak RSS (VmHWM), MiB", "MiB", summary, "rss_peak_mib")
-    legend_y = 2 * PANEL + 10
+    systems = panel(out, 0, width, "Steady: input records/s from 10 % to 90 % of the input committed "
+                    "(exactly_once_v2, median, min-max)",
+                    "records/s", groups, "steady_records_per_s",
+                    notes=[f"ours/KS {ratio:.1f}×" if ratio else "" for ratio in ratios])
+    panel(out, PANEL, width, "Whole run: input records per second from the first commit to the last output",
+          "records/s", groups, "records_per_s")
+    panel(out, 2 * PANEL, width, "Peak RSS (VmHWM), MiB", "MiB", groups, "rss_peak_mib")
+    legend_y = 3 * PANEL + 10
     for i, system in enumerate(systems):
         x = MARGIN_LEFT + i * 160
         out.append(f'<rect x="{x}" y="{legend_y}" width="14" height="14" fill="{COLORS.get(system, "#2ca02c")}"/>')
@@ -96,8 +112,8 @@ def main():
                f'{escape(meta["date"])}, commit {escape(meta["commit"])}, {meta["cpus"]} cores, scale {meta["scale"]}, '
                f'{meta["runs"]} runs per system, local Kafka broker on the same machine</text>')
     height = legend_y + 50
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-           f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif">\n'
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif">\n'
            f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(out) + "\n</svg>\n")
     with open(sys.argv[2], "w") as f:
         f.write(svg)

@@ -1,32 +1,39 @@
 #!/usr/bin/env python3
 """`make bench`: our services vs Kafka Streams vs a raw copy, on the local stack.
 
-Three systems per use case, on the same broker, the same input topics and the
-same settings (1 partition, exactly_once_v2, commit every 100 ms):
+Three systems per use case and input shape, on the same broker, the same input
+topics and the same settings (1 partition, exactly_once_v2, commit every 100 ms):
 
 * ours: the service's release binary;
 * kafka-streams: the same use case on Kafka Streams 4.4 (bench/peers/kafka-streams);
 * rawcopy: consume -> decode -> encode -> produce, transactional (bench/rawcopy),
   the physical limit of the stack.
 
-Phases (see BENCHMARKS.md for the method):
+Shapes (bench/README.md has what each is per use case): `base`, the original
+input, and `output-heavy`, about one output per input; a shape is the input
+`loadgen fill --shape` writes and the service flags in SHAPE_FLAGS.
+
+Phases (see BENCHMARKS.md for the method), each per use case and shape:
 
 1. check: each system on a small input; the peer's output must equal ours
    (`streamctl consume`, as sorted JSON lines), the copy's its input;
 2. fill: `loadgen fill` writes the full inputs once, at full speed;
 3. throughput: BENCH_RUNS rounds, the systems alternating (the order rotates
-   every round); `loadgen watch` measures each run from outside the process;
-4. latency: per use case, a fixed input rate of half the slower of ours and
-   Kafka Streams (median records/s), each system under each guarantee.
+   every round); `loadgen watch` measures each run from outside the process:
+   the whole run, its middle (10 % to 90 % of the input committed: the
+   steady rate), the start-up and the drain at the end of the input;
+4. latency: a fixed input rate of half the slower of ours and Kafka Streams
+   (median whole-run records/s), each system under each guarantee.
 
 Writes bench/results/<date>.json, .md (tables) and .svg (chart).
 
 Environment:
-  BENCH_SCALE        multiplies the full record counts (default 0.5; 1 = 1M
+  BENCH_SCALE        multiplies the full record counts (default 1: 1M
                      events, 500k+500k orders/shipments, 1M+1M readings, 2M
-                     marketplace orders)
+                     marketplace orders, 500k in the output-heavy shape)
   BENCH_RUNS         throughput runs per system (default 3)
   BENCH_ONLY         regex: use cases to run (default all)
+  BENCH_SHAPES       input shapes to run (default "base output-heavy")
   BENCH_SYSTEMS      systems to run (default "ours kafka-streams rawcopy")
   BENCH_LATENCY      0 to skip the latency phase
   BENCH_LATENCY_GUARANTEES  default "exactly_once_v2 at_least_once"
@@ -57,7 +64,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(os.environ.get("BIN_DIR") or
                    pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release")
 JAR = ROOT / "bench/peers/kafka-streams/target/ks-peer.jar"
-SCALE = float(os.environ.get("BENCH_SCALE", "0.5"))
+# 1 and not less: the fastest runs then have ~10 commits from 10 % to 90 % of
+# their input, what the steady rate is measured on (bench/README.md).
+SCALE = float(os.environ.get("BENCH_SCALE", "1"))
+SHAPES = os.environ.get("BENCH_SHAPES", "base output-heavy").split()
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 ONLY = re.compile(os.environ.get("BENCH_ONLY", "."))
 SYSTEMS = os.environ.get("BENCH_SYSTEMS", "ours kafka-streams rawcopy").split()
@@ -66,7 +76,9 @@ LATENCY_GUARANTEES = os.environ.get("BENCH_LATENCY_GUARANTEES", "exactly_once_v2
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 LATENCY_RATE = int(os.environ.get("BENCH_LATENCY_RATE", "0"))
 WARMUP_SECONDS = 3.0
-DRAIN_SECONDS = 2.0
+# Load produced after the measured window, so that its last records do not
+# wait for the end of the input.
+TAIL_SECONDS = 2.0
 JAVA_OPTS = os.environ.get("KS_JAVA_OPTS", "-Xms256m -Xmx1g").split()
 PIN = os.environ.get("BENCH_PIN", "")
 TAG = os.environ.get("BENCH_TAG", "")
@@ -86,9 +98,35 @@ USE_CASES = {
     "window-aggregator": {"records": 2_000_000, "inputs": 1, "binary": "window-aggregator",
                           "flags": ["--input-topic", "{in0}", "--output-topic", "{out}"]},
 }
+# Output-heavy runs write about a million rows each: window-aggregator's
+# ~1.8 per order, so it reads a quarter of its base input.
+SHAPE_RECORDS = {("window-aggregator", "output-heavy"): 500_000}
 # Small inputs for the equality check.
 CHECK_RECORDS = {"sessionizer": 5_000, "order-shipment-joiner": 2_000,
                  "sensor-fusion": 20_000, "window-aggregator": 10_000}
+# Service flags per shape and system, beside the shape's input.
+SHAPE_FLAGS = {
+    ("sensor-fusion", "output-heavy"): {"ours": {"--window-interval": "15s"},
+                                        "kafka-streams": {"--window-interval-ms": "15000"}},
+    ("window-aggregator", "output-heavy"): {"ours": {"--group-by": "customer_id"},
+                                            "kafka-streams": {"--group-by": "customer_id"}},
+}
+# An input that reaches a system's last stage through an internal topic: (its
+# index, the topic, the group that reads it). The steady rate follows that
+# reader, not a first stage running ahead (loadgen watch --through).
+THROUGH = {
+    ("ours", "order-shipment-joiner"): (1, "{app}-shipments-by-order-repartition", "{app}"),
+    ("kafka-streams", "order-shipment-joiner"): (1, "{app}-shipments-by-order-repartition", "{app}"),
+    ("ours", "window-aggregator"): (0, "{app}-window-partials-repartition", "{app}-final"),
+    ("kafka-streams", "window-aggregator"): (0, "{app}-orders-by-group-repartition", "{app}"),
+}
+# Latency runs: windows short enough to close within the run (over a shape's).
+LIVE_FLAGS = {
+    "sensor-fusion": {"ours": {"--window-interval": "1s"},
+                      "kafka-streams": {"--window-interval-ms": "1000"}},
+    "window-aggregator": {"ours": {"--window-size": "200ms", "--window-advance": "100ms"},
+                          "kafka-streams": {"--window-size-ms": "200", "--window-advance-ms": "100"}},
+}
 
 _port = [19400]
 
@@ -150,10 +188,17 @@ def loadgen(*args, check=True):
     return json.loads(line)
 
 
+def service_flags(name, use_case, shape, live):
+    flags = SHAPE_FLAGS.get((use_case, shape), {}).get(name, {})
+    if live:
+        flags = flags | LIVE_FLAGS.get(use_case, {}).get(name, {})
+    return [part for flag in flags.items() for part in flag]
+
+
 class System:
     """One running system under test."""
 
-    def __init__(self, name, use_case, inputs, app, guarantee, live=False):
+    def __init__(self, name, use_case, shape, inputs, app, guarantee, live=False):
         self.name, self.use_case, self.inputs, self.app = name, use_case, inputs, app
         spec = USE_CASES[use_case]
         self.outputs = ([f"{app}-out-{i}" for i in range(len(inputs))] if name == "rawcopy"
@@ -168,22 +213,15 @@ class System:
             self.cmd = [str(BIN / spec["binary"]), *[f.format(**fill) for f in spec["flags"]],
                         "--application-id", app, "--processing-guarantee", guarantee,
                         "--state-dir", str(self.state_dir), "--http-addr", self.metrics_addr,
-                        "--log-format", "json"]
-            if live and use_case == "sensor-fusion":
-                self.cmd += ["--window-interval", "1s"]
-            if live and use_case == "window-aggregator":
-                self.cmd += ["--window-size", "200ms", "--window-advance", "100ms"]
+                        "--log-format", "json", *service_flags(name, use_case, shape, live)]
             if use_case == "window-aggregator":
                 self.groups.append(f"{app}-final")
         elif name == "kafka-streams":
             self.cmd = ["java", *JAVA_OPTS, "-jar", str(JAR), use_case, "--application-id", app,
                         "--inputs", ",".join(inputs), "--output", self.outputs[0],
                         "--processing-guarantee", guarantee, "--state-dir", str(self.state_dir),
-                        "--schemas-dir", str(ROOT / "shared/schemas/avro")]
-            if live and use_case == "sensor-fusion":
-                self.cmd += ["--window-interval-ms", "1000"]
-            if live and use_case == "window-aggregator":
-                self.cmd += ["--window-size-ms", "200", "--window-advance-ms", "100"]
+                        "--schemas-dir", str(ROOT / "shared/schemas/avro"),
+                        *service_flags(name, use_case, shape, live)]
         else:
             self.cmd = [str(BIN / "rawcopy"), "--use-case", use_case, "--inputs", ",".join(inputs),
                         "--outputs", ",".join(self.outputs), "--application-id", app,
@@ -203,6 +241,9 @@ class System:
                 "--timeout-secs", timeout]
         if self.metrics_addr:
             args += ["--metrics-addr", self.metrics_addr]
+        if (self.name, self.use_case) in THROUGH:
+            index, topic, group = THROUGH[self.name, self.use_case]
+            args += ["--through", f"{self.inputs[index]}={topic}@{group}".format(app=self.app)]
         return loadgen(*args, check=False)
 
     def stop(self):
@@ -232,12 +273,14 @@ def compare(expected, actual):
             "missing_examples": missing[:3], "extra_examples": extra[:3]}
 
 
-def check(use_case):
+def check(use_case, shape):
     """Runs every system on a small input and compares outputs."""
     n = CHECK_RECORDS[use_case]
-    inputs = [f"{RUN}-check-{use_case}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
-    loadgen("fill", "--use-case", use_case, "--topics", ",".join(inputs), "--records", n, "--seed", 7)
-    systems = [System(name, use_case, inputs, f"{RUN}-check-{use_case}-{name}", "exactly_once_v2")
+    prefix = f"{RUN}-check-{use_case}-{shape}"
+    inputs = [f"{prefix}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
+    loadgen("fill", "--use-case", use_case, "--shape", shape, "--topics", ",".join(inputs),
+            "--records", n, "--seed", 7)
+    systems = [System(name, use_case, shape, inputs, f"{prefix}-{name}", "exactly_once_v2")
                for name in SYSTEMS]
     for system in systems:
         system.start()
@@ -260,7 +303,7 @@ def check(use_case):
         results["ours"]["rows"] = len(outputs["ours"])
     for name, outcome in results.items():
         if "equal" in outcome:
-            log(f"check {use_case}: {name} vs {outcome['vs']}: "
+            log(f"check {use_case} ({shape}): {name} vs {outcome['vs']}: "
                 f"{'EQUAL' if outcome['equal'] else 'DIFFERENT'} ({outcome['rows']} rows, "
                 f"{outcome['rows_expected']} expected{', same order' if outcome['same_order'] else ''})")
     return results
@@ -279,7 +322,7 @@ def main():
     use_cases = [u for u in USE_CASES if ONLY.search(u)]
     started = time.time()
     load_before = os.getloadavg()
-    log(f"run {RUN}: scale {SCALE}, {RUNS} runs, systems {SYSTEMS}, use cases {use_cases}; "
+    log(f"run {RUN}: scale {SCALE}, {RUNS} runs, systems {SYSTEMS}, use cases {use_cases}, shapes {SHAPES}; "
         f"load average {load_before[0]:.1f}; work dir {WORK}")
     results = {
         "meta": {
@@ -289,74 +332,78 @@ def main():
             "uncommitted_changes": subprocess.run(
                 ["git", "status", "--porcelain", "--", "shared", "services", "Cargo.lock"],
                 capture_output=True, text=True, cwd=ROOT).stdout.split("\n")[:-1],
-            "cpus": os.cpu_count(), "scale": SCALE, "runs": RUNS,
+            "cpus": os.cpu_count(), "scale": SCALE, "runs": RUNS, "shapes": SHAPES,
             "java": subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0],
             "java_opts": JAVA_OPTS, "load_average_before": load_before, "pinned_to_cpus": PIN,
         },
         "check": {}, "fill": {}, "throughput": [], "latency": [],
     }
 
-    for use_case in use_cases:
-        log(f"check: {use_case} on a small input")
-        results["check"][use_case] = attempts(
-            f"check {use_case}", lambda: check(use_case),
+    cases = [(use_case, shape) for use_case in use_cases for shape in SHAPES]
+    for use_case, shape in cases:
+        log(f"check: {use_case} ({shape}) on a small input")
+        results["check"].setdefault(use_case, {})[shape] = attempts(
+            f"check {use_case} ({shape})", lambda: check(use_case, shape),
             ok=lambda r: all(v.get("watch", {}).get("ok") for v in r.values() if isinstance(v, dict)))
 
     inputs = {}
-    for use_case in use_cases:
-        n = int(USE_CASES[use_case]["records"] * SCALE)
-        log(f"fill: {use_case}, {n} records per input")
+    for use_case, shape in cases:
+        n = int(SHAPE_RECORDS.get((use_case, shape), USE_CASES[use_case]["records"]) * SCALE)
+        log(f"fill: {use_case} ({shape}), {n} records per input")
 
         def fill_once():
-            topics = [f"{RUN}-{use_case}-{int(time.time())}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
-            return loadgen("fill", "--use-case", use_case, "--topics", ",".join(topics), "--records", n) | {
-                "topics": topics, "ok": True}
-        results["fill"][use_case] = attempts(f"fill {use_case}", fill_once)
-        inputs[use_case] = results["fill"][use_case]["topics"]
-        log(f"  {results['fill'][use_case]['records']} records at "
-            f"{results['fill'][use_case]['records_per_s']:,.0f}/s")
+            prefix = f"{RUN}-{use_case}-{shape}-{int(time.time())}"
+            topics = [f"{prefix}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
+            return loadgen("fill", "--use-case", use_case, "--shape", shape, "--topics", ",".join(topics),
+                           "--records", n) | {"topics": topics, "ok": True}
+        fill = results["fill"].setdefault(use_case, {})[shape] = attempts(
+            f"fill {use_case} ({shape})", fill_once)
+        inputs[use_case, shape] = fill["topics"]
+        log(f"  {fill['records']} records at {fill['records_per_s']:,.0f}/s")
 
     for run in range(RUNS):
         order = SYSTEMS[run % len(SYSTEMS):] + SYSTEMS[:run % len(SYSTEMS)]
-        for use_case in use_cases:
+        for use_case, shape in cases:
             for name in order:
-                outcome = attempts(f"throughput {use_case} {name} #{run}",
-                                   lambda: throughput_run(use_case, name, inputs[use_case], run))
-                outcome |= {"use_case": use_case, "system": name, "run": run,
+                label = f"throughput {use_case} ({shape}) {name} #{run}"
+                outcome = attempts(label, lambda: throughput_run(use_case, shape, name, inputs[use_case, shape], run))
+                outcome |= {"use_case": use_case, "shape": shape, "system": name, "run": run,
                             "load_average": os.getloadavg()[0]}
                 results["throughput"].append(outcome)
                 if outcome.get("ok"):
-                    log(f"throughput {use_case} {name} #{run}: {fmt(outcome['records_per_s'])} records/s, "
+                    log(f"{label}: {fmt(outcome.get('steady_records_per_s'))} records/s steady, "
+                        f"{fmt(outcome['records_per_s'])} whole run, startup {fmt(outcome['startup_s'], 2)} s, "
+                        f"drain {fmt(outcome.get('drain_s'), 2)} s, "
                         f"{fmt(outcome['records_per_cpu_s'])} per CPU-s, peak RSS {fmt(outcome['rss_peak_mib'])} MiB, "
                         f"load {outcome['load_average']:.1f}")
                 else:
-                    log(f"throughput {use_case} {name} #{run}: FAILED {outcome.get('error')}")
+                    log(f"{label}: FAILED {outcome.get('error')}")
 
-    summary = {}
-    for use_case in use_cases:
-        summary[use_case] = {}
-        for name in SYSTEMS:
-            runs = [r for r in results["throughput"]
-                    if r["use_case"] == use_case and r["system"] == name and r.get("ok")]
-            summary[use_case][name] = {
-                key: spread([r[key] for r in runs])
-                for key in ["records_per_s", "records_per_cpu_s", "cpu_s", "wall_s", "rss_peak_mib", "startup_s"]
-            } | {"records": runs[0]["records"] if runs else None, "output_end_offset":
-                 runs[0]["output_end_offset"] if runs else None}
-    results["summary"] = summary
+    results["summary"] = summarize(results["throughput"], cases)
+    for use_case, shape in cases:
+        summary = results["summary"][use_case][shape]
+        ratio = summary["ours_vs_kafka_streams"]
+        log(f"summary {use_case} ({shape}): ours / Kafka Streams {fmt(ratio['steady_records_per_s'], 2)}x "
+            f"steady, {fmt(ratio['records_per_s'], 2)}x whole run")
+        # The check compares outputs on a small input only; at full size, a
+        # peer that skipped work (e.g. dropped records as late) shows here.
+        ours, peer = (summary["systems"].get(n, {}).get("output_end_offset") for n in ("ours", "kafka-streams"))
+        if ours and peer is not None and abs(peer - ours) > 0.1 * ours:
+            log(f"WARNING {use_case} ({shape}): output end offsets differ, ours {ours}, Kafka Streams {peer}")
 
     if LATENCY:
-        for use_case in use_cases:
-            medians = [summary[use_case][n]["records_per_s"]["median"] for n in ("ours", "kafka-streams")
-                       if n in summary[use_case] and summary[use_case][n]["records_per_s"]]
+        for use_case, shape in cases:
+            systems = results["summary"][use_case][shape]["systems"]
+            medians = [systems[n]["records_per_s"]["median"] for n in ("ours", "kafka-streams")
+                       if n in systems and systems[n]["records_per_s"]]
             if not (medians or LATENCY_RATE):
                 continue
             rate = LATENCY_RATE or round(0.5 * min(medians))
             for guarantee in LATENCY_GUARANTEES:
                 for name in SYSTEMS:
                     results["latency"].append(attempts(
-                        f"latency {use_case} {name} {guarantee}",
-                        lambda: latency_run(use_case, name, guarantee, rate)))
+                        f"latency {use_case} ({shape}) {name} {guarantee}",
+                        lambda: latency_run(use_case, shape, name, guarantee, rate)))
 
     results["meta"]["broker_restarts_seen"] = _broker_restarts[0]
     results["meta"]["load_average_after"] = os.getloadavg()
@@ -364,49 +411,77 @@ def main():
     write_results(results)
 
 
-def throughput_run(use_case, name, inputs, run):
-    app = f"{RUN}-{use_case}-{name}-t{run}-{int(time.time())}"
-    system = System(name, use_case, inputs, app, "exactly_once_v2").start()
+SUMMARY_KEYS = ["steady_records_per_s", "records_per_s", "records_per_cpu_s", "cpu_s", "wall_s",
+                "rss_peak_mib", "startup_s", "drain_s", "steady_commits"]
+
+
+def summarize(throughput, cases):
+    """Per use case and shape: each system's spread over its runs, and ours
+    over Kafka Streams (medians), steady and whole-run."""
+    summary = {}
+    for use_case, shape in cases:
+        systems = {}
+        for name in SYSTEMS:
+            runs = [r for r in throughput if (r["use_case"], r["shape"], r["system"]) == (use_case, shape, name)
+                    and r.get("ok")]
+            systems[name] = {key: spread([r.get(key) for r in runs]) for key in SUMMARY_KEYS} | {
+                "records": runs[0]["records"] if runs else None,
+                "output_end_offset": runs[0]["output_end_offset"] if runs else None}
+        summary.setdefault(use_case, {})[shape] = {
+            "systems": systems,
+            "ours_vs_kafka_streams": {key: median_ratio(systems, key)
+                                      for key in ("steady_records_per_s", "records_per_s")}}
+    return summary
+
+
+def median_ratio(systems, key):
+    ours, peer = (systems.get(name, {}).get(key) for name in ("ours", "kafka-streams"))
+    return ours["median"] / peer["median"] if ours and peer else None
+
+
+def throughput_run(use_case, shape, name, inputs, run):
+    app = f"{RUN}-{use_case}-{shape}-{name}-t{run}-{int(time.time())}"
+    system = System(name, use_case, shape, inputs, app, "exactly_once_v2").start()
     try:
         return system.watch()
     finally:
         system.stop()
 
 
-def latency_run(use_case, name, guarantee, rate):
-    app = f"{RUN}-lat-{use_case}-{name}-{guarantee.replace('_', '')}-{int(time.time())}"
+def latency_run(use_case, shape, name, guarantee, rate):
+    app = f"{RUN}-lat-{use_case}-{shape}-{name}-{guarantee.replace('_', '')}-{int(time.time())}"
     inputs = [f"{app}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
     loadgen("topics", "--create", ",".join(inputs))
-    system = System(name, use_case, inputs, app, guarantee, live=True).start()
-    outcome = {"use_case": use_case, "system": name, "guarantee": guarantee, "rate": rate}
+    system = System(name, use_case, shape, inputs, app, guarantee, live=True).start()
+    outcome = {"use_case": use_case, "shape": shape, "system": name, "guarantee": guarantee, "rate": rate}
     try:
         outcome["ready"] = loadgen("wait-ready", "--pid", system.process.pid,
                                    *[a for g in system.groups for a in ("--group", g)])
         start = int(time.time() * 1000) + 1000
         from_ms = start + int(WARMUP_SECONDS * 1000)
         to_ms = from_ms + int(LATENCY_SECONDS * 1000)
-        stop_ms = to_ms + int(DRAIN_SECONDS * 1000)
+        stop_ms = to_ms + int(TAIL_SECONDS * 1000)
         meter = subprocess.Popen([str(BIN / "loadgen"), "latency", "--use-case", use_case, "--kind",
                                   "copy" if name == "rawcopy" else "service",
                                   "--outputs", ",".join(system.outputs), "--inputs", ",".join(inputs),
                                   "--from-ms", str(from_ms), "--to-ms", str(to_ms),
                                   "--stop-at-ms", str(stop_ms)], stdout=subprocess.PIPE, text=True)
         time.sleep(max(0.0, start / 1000 - time.time()))
-        # The load goes on through the drain: a record of the measured window
+        # The load goes on through the tail: a record of the measured window
         # must not wait for the end of the input (a merge waits up to
         # --max-task-idle for an input that stopped; the joiner's last second
         # of shipments did, adding ~1 s to a tenth of its rows).
-        outcome["load"] = loadgen("rate", "--use-case", use_case, "--topics", ",".join(inputs),
-                                  "--rate", rate, "--seconds",
-                                  WARMUP_SECONDS + LATENCY_SECONDS + DRAIN_SECONDS)
+        outcome["load"] = loadgen("rate", "--use-case", use_case, "--shape", shape,
+                                  "--topics", ",".join(inputs), "--rate", rate, "--seconds",
+                                  WARMUP_SECONDS + LATENCY_SECONDS + TAIL_SECONDS)
         out, _ = meter.communicate(timeout=300)
         outcome |= json.loads(out.strip().splitlines()[-1])
         outcome["ok"] = True
-        log(f"latency {use_case} {name} {guarantee} at {rate:,}/s: p50 {outcome['p50_ms']} ms, "
+        log(f"latency {use_case} ({shape}) {name} {guarantee} at {rate:,}/s: p50 {outcome['p50_ms']} ms, "
             f"p99 {outcome['p99_ms']} ms ({outcome['count']} rows)")
     except Exception as error:  # noqa: BLE001 - recorded, the run goes on
         outcome |= {"ok": False, "error": str(error)}
-        log(f"latency {use_case} {name} {guarantee}: FAILED {error}")
+        log(f"latency {use_case} ({shape}) {name} {guarantee}: FAILED {error}")
     finally:
         system.stop()
     return outcome
@@ -426,43 +501,58 @@ def tables(results):
                  f"{meta['load_average_after'][0]:.1f} after; {meta['minutes']:.1f} minutes"
                  + (f"; systems pinned to CPUs {meta['pinned_to_cpus']}." if meta.get("pinned_to_cpus") else "."))
     lines.append("")
-    lines.append("Throughput, exactly_once_v2 (median of the runs, [min – max]):")
+    lines.append("Throughput, exactly_once_v2 (median of the runs, [min – max]). Steady: input records/s "
+                 "from 10 % to 90 % of the input committed; whole run: from the first commit to the last "
+                 "output; startup: launch to first commit; drain: the end of the input beyond the steady "
+                 "rate (bench/README.md):")
     lines.append("")
-    lines.append("| use case | input records | system | records/s | records per CPU-second | CPU s | peak RSS MiB | startup s |")
-    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for use_case, systems in results["summary"].items():
-        for name, s in systems.items():
-            if not s["records_per_s"]:
-                lines.append(f"| {use_case} | {fmt(s['records'])} | {name} | failed | | | | |")
-                continue
-            r, c = s["records_per_s"], s["records_per_cpu_s"]
-            lines.append(
-                f"| {use_case} | {fmt(s['records'])} | {name} | {fmt(r['median'])} [{fmt(r['min'])} – {fmt(r['max'])}] "
-                f"| {fmt(c['median'])} [{fmt(c['min'])} – {fmt(c['max'])}] | {fmt(s['cpu_s']['median'], 1)} "
-                f"| {fmt(s['rss_peak_mib']['median'])} [{fmt(s['rss_peak_mib']['min'])} – {fmt(s['rss_peak_mib']['max'])}] "
-                f"| {fmt(s['startup_s']['median'], 1)} |")
+    lines.append("| use case | shape | input records | system | steady records/s | ours / KS, steady | "
+                 "whole-run records/s | ours / KS, whole run | records per CPU-second | CPU s | peak RSS MiB "
+                 "| startup s | drain s |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def spread_cell(stats, digits=0):
+        if not stats:
+            return "–"
+        return f"{fmt(stats['median'], digits)} [{fmt(stats['min'], digits)} – {fmt(stats['max'], digits)}]"
+    for use_case, shapes in results["summary"].items():
+        for shape, summary in shapes.items():
+            ratio = summary["ours_vs_kafka_streams"]
+            for name, s in summary["systems"].items():
+                head = f"| {use_case} | {shape} | {fmt(s['records'])} | {name} |"
+                if not s["records_per_s"]:
+                    lines.append(head + " failed |" + " |" * 8)
+                    continue
+                steady_ratio, whole_ratio = (f"**{fmt(ratio[key], 2)}×**" if name == "ours" and ratio[key]
+                                             else "" for key in ("steady_records_per_s", "records_per_s"))
+                lines.append(
+                    f"{head} {spread_cell(s['steady_records_per_s'])} | {steady_ratio} "
+                    f"| {spread_cell(s['records_per_s'])} | {whole_ratio} | {spread_cell(s['records_per_cpu_s'])} "
+                    f"| {fmt(s['cpu_s']['median'], 1)} | {spread_cell(s['rss_peak_mib'])} "
+                    f"| {fmt(s['startup_s']['median'], 2)} | {fmt((s['drain_s'] or {}).get('median'), 2)} |")
     if results["latency"]:
         lines.append("")
         lines.append("End-to-end latency at a fixed rate (half the slower of ours and Kafka Streams), ms:")
         lines.append("")
-        lines.append("| use case | rate/s | guarantee | system | p50 | p99 | max | rows measured |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        lines.append("| use case | shape | rate/s | guarantee | system | p50 | p99 | max | rows measured |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in results["latency"]:
+            head = f"| {r['use_case']} | {r['shape']} | {fmt(r['rate'])} | {r['guarantee']} | {r['system']} |"
             if r.get("ok"):
-                lines.append(f"| {r['use_case']} | {fmt(r['rate'])} | {r['guarantee']} | {r['system']} | "
-                             f"{fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | {fmt(r['max_ms'])} | {fmt(r['count'])} |")
+                lines.append(f"{head} {fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | {fmt(r['max_ms'])} | {fmt(r['count'])} |")
             else:
-                lines.append(f"| {r['use_case']} | {fmt(r['rate'])} | {r['guarantee']} | {r['system']} | failed | | | |")
+                lines.append(f"{head} failed | | | |")
     lines.append("")
     lines.append("Output equality on a small input (peer vs ours, copy vs input):")
     lines.append("")
-    lines.append("| use case | system | rows | expected | equal as a multiset | same order |")
-    lines.append("| --- | --- | --- | --- | --- | --- |")
-    for use_case, systems in results["check"].items():
-        for name, c in systems.items():
-            if isinstance(c, dict) and "equal" in c:
-                lines.append(f"| {use_case} | {name} vs {c['vs']} | {c['rows']} | {c['rows_expected']} | "
-                             f"{'yes' if c['equal'] else '**no**'} | {'yes' if c['same_order'] else 'no'} |")
+    lines.append("| use case | shape | system | rows | expected | equal as a multiset | same order |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+    for use_case, shapes in results["check"].items():
+        for shape, systems in shapes.items():
+            for name, c in systems.items():
+                if isinstance(c, dict) and "equal" in c:
+                    lines.append(f"| {use_case} | {shape} | {name} vs {c['vs']} | {c['rows']} | {c['rows_expected']} | "
+                                 f"{'yes' if c['equal'] else '**no**'} | {'yes' if c['same_order'] else 'no'} |")
     phase_lines = phases(results)
     if phase_lines:
         lines += ["", "Where our processing thread spends its time (`streams_thread_phase_seconds_total`, "
@@ -486,7 +576,7 @@ def phases(results):
             per_stage.setdefault(stage, {})[labels.get("phase")] = value
         for stage, values in per_stage.items():
             total = sum(values.values()) or 1
-            label = r["use_case"] + (f" ({stage} stage)" if stage else "")
+            label = f"{r['use_case']} ({r['shape']}" + (f", {stage} stage)" if stage else ")")
             rows[label] = {k: v / total for k, v in values.items()} | {"_total": total}
             names += [k for k in values if k not in names]
     if not rows:

@@ -17,7 +17,7 @@ use crate::records::{
     Generated, HumidityReading, MarketplaceOrder, Order, Record, Shipment, TemperatureReading,
     UserEvent,
 };
-use crate::UseCase;
+use crate::{Shape, UseCase};
 
 /// 2026-08-01 09:00:00 UTC in epoch milliseconds (a multiple of 5 minutes).
 pub const BASE_MS: i64 = 1_785_574_800_000;
@@ -45,16 +45,20 @@ pub struct Spec {
     pub seed: u64,
     /// Rate mode: shape the data for a live stream (see each generator).
     pub live: bool,
+    pub shape: Shape,
 }
 
 /// The generator of a use case.
 pub fn generator(use_case: UseCase, spec: Spec) -> Box<dyn Generator> {
-    match use_case {
-        UseCase::Sessionizer => Box::new(Sessions::new(spec)),
-        UseCase::OrderShipmentJoiner if spec.live => Box::new(LiveOrders::new(spec)),
-        UseCase::OrderShipmentJoiner => Box::new(OrdersAndShipments::new(spec)),
-        UseCase::SensorFusion => Box::new(Readings::new(spec)),
-        UseCase::WindowAggregator => Box::new(Marketplace::new(spec)),
+    match (use_case, spec.shape) {
+        (UseCase::Sessionizer, Shape::Base) => Box::new(Sessions::new(spec)),
+        (UseCase::Sessionizer, Shape::OutputHeavy) => Box::new(Visits::new(spec)),
+        // Live: one shape, in which every order ships within 1.5 s.
+        (UseCase::OrderShipmentJoiner, _) if spec.live => Box::new(LiveOrders::new(spec)),
+        (UseCase::OrderShipmentJoiner, _) => Box::new(OrdersAndShipments::new(spec)),
+        (UseCase::SensorFusion, _) => Box::new(Readings::new(spec)),
+        // The same orders: the output-heavy shape is the service's grouping.
+        (UseCase::WindowAggregator, _) => Box::new(Marketplace::new(spec)),
     }
 }
 
@@ -150,11 +154,7 @@ impl Generator for Sessions {
             let event_type = if session.left == 1 && session.logout {
                 "LOGOUT"
             } else {
-                match self.rng.random_range(0..100) {
-                    0..60 => "VIEW",
-                    60..85 => "SEARCH",
-                    _ => "CART",
-                }
+                activity(&mut self.rng)
             };
             session.left -= 1;
             if session.left == 0 {
@@ -163,16 +163,78 @@ impl Generator for Sessions {
             }
             (user, event_type)
         };
-        let user_id = format!("user-{user}");
-        Some(Generated {
-            input: 0,
-            key: user_id.clone(),
-            record: Record::UserEvent(UserEvent {
-                user_id,
-                event_type: event_type.to_string(),
-                event_time: time,
-            }),
-        })
+        Some(user_event(user, event_type, time))
+    }
+}
+
+/// What a user does within a session: 60 % views, 25 % searches, 15 % carts.
+fn activity(rng: &mut StdRng) -> &'static str {
+    match rng.random_range(0..100) {
+        0..60 => "VIEW",
+        60..85 => "SEARCH",
+        _ => "CART",
+    }
+}
+
+fn user_event(user: u32, event_type: &str, time: i64) -> Generated {
+    let user_id = format!("user-{user}");
+    Generated {
+        input: 0,
+        key: user_id.clone(),
+        record: Record::UserEvent(UserEvent {
+            user_id,
+            event_type: event_type.to_string(),
+            event_time: time,
+        }),
+    }
+}
+
+/// User sessions, output-heavy: visits of one event. Every 10 ms of event
+/// time, one event of a user picked at random from 200 000: with the 30 s
+/// session timeout (3 000 events) a user is back within a session in ~1.5 %
+/// of events, so nearly every event is a session, and a row, of its own.
+/// Half the events are a `LOGOUT`, which completes its session at once (the
+/// rows a latency run measures: a timeout comes 30 s later); the others are
+/// activities whose sessions time out. Rate mode picks from 100 million
+/// users, for the same ~1.5 % at 50 000 events/s.
+pub struct Visits {
+    rng: StdRng,
+    left: u64,
+    users: u32,
+    time: i64,
+}
+
+impl Visits {
+    pub fn new(spec: Spec) -> Self {
+        Visits {
+            rng: StdRng::seed_from_u64(spec.seed),
+            left: if spec.live { u64::MAX } else { spec.records },
+            users: if spec.live { 100_000_000 } else { 200_000 },
+            time: BASE_MS,
+        }
+    }
+}
+
+impl Generator for Visits {
+    fn next(&mut self, clock: Clock) -> Option<Generated> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let time = match clock {
+            Clock::Simulated => {
+                self.time += 10;
+                self.time
+            }
+            Clock::Wall(now) => now,
+        };
+        let user = self.rng.random_range(0..self.users);
+        let event_type = if self.rng.random_bool(0.5) {
+            "LOGOUT"
+        } else {
+            activity(&mut self.rng)
+        };
+        Some(user_event(user, event_type, time))
     }
 }
 
@@ -202,19 +264,23 @@ fn order(rng: &mut StdRng, id: i32, seconds: i64) -> Order {
     }
 }
 
-fn shipment(rng: &mut StdRng, order_id: i32, seconds: i64) -> Shipment {
+fn shipment(rng: &mut StdRng, id: String, order_id: i32, seconds: i64) -> Shipment {
     Shipment {
-        id: format!("ship-{order_id}"),
+        id,
         order_id,
         warehouse: WAREHOUSES[rng.random_range(0..WAREHOUSES.len())].to_string(),
         ship_ts_raw: seconds,
     }
 }
 
-/// Orders and shipments, fill mode: one order per second of event time (ids
-/// 0, 1, ...; 50 000 customers), and one shipment per order, keyed by its own
-/// id and written in ship-time order. 97 % ship between 10 minutes and 6 days
-/// after the order (and join); 3 % after more than 7 days (no row).
+/// Orders and shipments, fill mode: one order record per second of event
+/// time (ids 0, 1, ...; 50 000 customers), and shipments keyed by their own
+/// id and written in ship-time order. Base shape: one shipment per order;
+/// 97 % ship between 10 minutes and 6 days after the order (and join), 3 %
+/// after more than 7 days (no row). Output-heavy: every order is written
+/// twice (as a producer's retry would) and ships in two parcels, all within
+/// 6 days: the join's multiset semantics make four rows of each order id's
+/// four input records.
 pub struct OrdersAndShipments {
     orders: std::vec::IntoIter<Order>,
     shipments: std::vec::IntoIter<Shipment>,
@@ -222,24 +288,38 @@ pub struct OrdersAndShipments {
 
 impl OrdersAndShipments {
     pub fn new(spec: Spec) -> Self {
+        let (copies, parcels, unshipped_share) = match spec.shape {
+            Shape::Base => (1, 1, 0.03),
+            Shape::OutputHeavy => (2, 2, 0.0),
+        };
         let mut rng = StdRng::seed_from_u64(spec.seed);
         let base = BASE_MS / 1000;
-        let count = spec.records.min(i32::MAX as u64) as i32;
-        let orders: Vec<Order> = (0..count)
-            .map(|id| order(&mut rng, id, base + id as i64))
+        let count = spec.records.min(i32::MAX as u64) as usize;
+        let distinct: Vec<Order> = (0..count.div_ceil(copies) as i32)
+            .map(|id| order(&mut rng, id, base + id as i64 * copies as i64))
             .collect();
-        let mut shipments: Vec<Shipment> = orders
-            .iter()
-            .map(|order| {
-                let delay = if rng.random_bool(0.03) {
+        let mut shipments = Vec::with_capacity(count);
+        for order in &distinct {
+            for parcel in 1..=parcels {
+                let delay = if rng.random_bool(unshipped_share) {
                     rng.random_range(7 * 86_400 + 1..=9 * 86_400)
                 } else {
                     rng.random_range(600..=6 * 86_400)
                 };
-                shipment(&mut rng, order.id, order.order_ts_raw + delay)
-            })
-            .collect();
+                let id = match parcel {
+                    1 => format!("ship-{}", order.id),
+                    _ => format!("ship-{}-{parcel}", order.id),
+                };
+                shipments.push(shipment(&mut rng, id, order.id, order.order_ts_raw + delay));
+            }
+        }
+        shipments.truncate(count);
         shipments.sort_by_key(|s| (s.ship_ts_raw, s.order_id));
+        let orders: Vec<Order> = distinct
+            .into_iter()
+            .flat_map(|order| std::iter::repeat_n(order, copies))
+            .take(count)
+            .collect();
         OrdersAndShipments {
             orders: orders.into_iter(),
             shipments: shipments.into_iter(),
@@ -307,7 +387,8 @@ impl Generator for LiveOrders {
             if let Some(&Reverse((due, order_id))) = self.pending.peek() {
                 if due <= now {
                     self.pending.pop();
-                    let shipment = shipment(&mut self.rng, order_id, now.div_euclid(1000));
+                    let id = format!("ship-{order_id}");
+                    let shipment = shipment(&mut self.rng, id, order_id, now.div_euclid(1000));
                     return Some(Generated {
                         input: 1,
                         key: shipment.id.clone(),
@@ -333,9 +414,17 @@ impl Generator for LiveOrders {
 
 // ------------------------------------------------------------- sensor-fusion
 
-/// Readings: `records / 1000` machines (10 to 1 000), each reporting a
-/// temperature every 15 s and a humidity 2 s after it; per machine a base
-/// temperature (60-90) and humidity (60-95) plus noise, 1 % of values null.
+/// Every machine reports a temperature this often, and a humidity
+/// [`HUMIDITY_DELAY_MS`] after it.
+pub const READING_PERIOD_MS: i64 = 15_000;
+const HUMIDITY_DELAY_MS: i64 = 2_000;
+
+/// Readings: each machine reports a temperature every 15 s and a humidity 2 s
+/// after it; per machine a base temperature (60-90) and humidity (60-95) plus
+/// noise, 1 % of values null. Base shape: `records / 1000` machines (10 to
+/// 1 000; 1 000 in rate mode), 40 readings per machine in the service's
+/// 5-minute windows. Output-heavy: 10 000 machines, for the service's
+/// windows of one reading period, each with one temperature and one humidity.
 /// Fill mode writes all temperatures, then all humidities; rate mode
 /// alternates them.
 pub struct Readings {
@@ -351,10 +440,10 @@ pub struct Readings {
 impl Readings {
     pub fn new(spec: Spec) -> Self {
         let mut rng = StdRng::seed_from_u64(spec.seed);
-        let machines = if spec.live {
-            1_000
-        } else {
-            (spec.records / 1_000).clamp(10, 1_000)
+        let machines = match spec.shape {
+            Shape::Base if spec.live => 1_000,
+            Shape::Base => (spec.records / 1_000).clamp(10, 1_000),
+            Shape::OutputHeavy => 10_000,
         };
         let base_temperature = (0..machines)
             .map(|_| rng.random_range(60.0..90.0))
@@ -388,10 +477,15 @@ impl Generator for Readings {
         self.index += 1;
         let machine = ordinal % self.machines;
         let round = (ordinal / self.machines) as i64;
-        let step = 12_000 / self.machines as i64;
+        // A round's temperatures are spread so that their humidities too
+        // come within the round's reading period.
+        let step = (READING_PERIOD_MS - HUMIDITY_DELAY_MS - 1_000) / self.machines as i64;
         let time = match clock {
             Clock::Simulated => {
-                BASE_MS + round * 15_000 + machine as i64 * step + if humidity { 2_000 } else { 0 }
+                BASE_MS
+                    + round * READING_PERIOD_MS
+                    + machine as i64 * step
+                    + if humidity { HUMIDITY_DELAY_MS } else { 0 }
             }
             Clock::Wall(now) => now,
         };
@@ -425,6 +519,8 @@ impl Generator for Readings {
 /// Marketplace orders: 500 per second of event time on average (0-4 ms
 /// apart), keyed by order id; 200 000 customers (10 % of orders without
 /// one), 20 000 products, log-normal prices (median ~20, rounded to cents).
+/// Both shapes: the output-heavy one groups them by customer in the service
+/// (nearly a group per order in every window).
 pub struct Marketplace {
     rng: StdRng,
     left: u64,
@@ -481,13 +577,14 @@ mod tests {
     use clap::ValueEnum;
     use std::collections::HashMap;
 
-    fn all(use_case: UseCase, records: u64) -> Vec<Generated> {
+    fn all(use_case: UseCase, shape: Shape, records: u64) -> Vec<Generated> {
         let mut generator = generator(
             use_case,
             Spec {
                 records,
                 seed: 7,
                 live: false,
+                shape,
             },
         );
         std::iter::from_fn(|| generator.next(Clock::Simulated)).collect()
@@ -506,9 +603,12 @@ mod tests {
 
     #[test]
     fn every_input_is_in_event_time_order_and_deterministic() {
-        for use_case in UseCase::value_variants() {
-            let records = all(*use_case, 5_000);
-            assert_eq!(records, all(*use_case, 5_000));
+        for (use_case, shape) in UseCase::value_variants()
+            .iter()
+            .flat_map(|u| Shape::value_variants().iter().map(move |s| (*u, *s)))
+        {
+            let records = all(use_case, shape, 5_000);
+            assert_eq!(records, all(use_case, shape, 5_000));
             let inputs = use_case.input_schemas().len();
             assert_eq!(records.len() as u64, 5_000 * inputs as u64);
             for input in 0..inputs {
@@ -517,14 +617,17 @@ mod tests {
                     .filter(|g| g.input == input)
                     .map(|g| event_time(&g.record))
                     .collect();
-                assert!(times.windows(2).all(|w| w[0] <= w[1]), "{use_case:?}");
+                assert!(
+                    times.windows(2).all(|w| w[0] <= w[1]),
+                    "{use_case:?} {shape:?}"
+                );
             }
         }
     }
 
     #[test]
     fn sessions_mostly_end_with_a_logout() {
-        let records = all(UseCase::Sessionizer, 20_000);
+        let records = all(UseCase::Sessionizer, Shape::Base, 20_000);
         let count = |kind: &str| {
             records
                 .iter()
@@ -543,6 +646,7 @@ mod tests {
                 records: 0,
                 seed: 1,
                 live: true,
+                shape: Shape::Base,
             },
         );
         // One record per millisecond: 500 orders and, after the first
@@ -570,5 +674,97 @@ mod tests {
                 assert!(shipments >= 450, "{shipments} shipments in second {second}");
             }
         }
+    }
+
+    #[test]
+    fn output_heavy_visits_are_nearly_one_session_per_event() {
+        const TIMEOUT_MS: i64 = 30_000;
+        let records = all(UseCase::Sessionizer, Shape::OutputHeavy, 50_000);
+        // The sessionizer's rules: a session ends at a LOGOUT or when the
+        // user's next event comes at least the timeout after the last one.
+        let mut open: HashMap<String, i64> = HashMap::new();
+        let mut sessions = 0;
+        for generated in &records {
+            let Record::UserEvent(event) = &generated.record else {
+                unreachable!()
+            };
+            let continues = open
+                .get(&event.user_id)
+                .is_some_and(|&last| event.event_time - last < TIMEOUT_MS);
+            if !continues {
+                sessions += 1;
+            }
+            if event.event_type == "LOGOUT" {
+                open.remove(&event.user_id);
+            } else {
+                open.insert(event.user_id.clone(), event.event_time);
+            }
+        }
+        let per_event = sessions as f64 / records.len() as f64;
+        assert!(per_event > 0.98, "{per_event} sessions per event");
+    }
+
+    #[test]
+    fn output_heavy_orders_give_one_row_per_input_record() {
+        const WEEK_S: i64 = 7 * 86_400;
+        let records = all(UseCase::OrderShipmentJoiner, Shape::OutputHeavy, 20_000);
+        let mut order_times: HashMap<i32, Vec<i64>> = HashMap::new();
+        let mut rows = 0;
+        for generated in &records {
+            match &generated.record {
+                Record::Order(order) => order_times
+                    .entry(order.id)
+                    .or_default()
+                    .push(order.order_ts_raw),
+                // Orders come first: every order copy is known here.
+                Record::Shipment(s) => {
+                    rows += order_times[&s.order_id]
+                        .iter()
+                        .filter(|&&ordered| (0..=WEEK_S).contains(&(s.ship_ts_raw - ordered)))
+                        .count();
+                }
+                _ => unreachable!(),
+            }
+        }
+        assert_eq!(rows, records.len());
+    }
+
+    #[test]
+    fn output_heavy_readings_give_one_window_per_temperature_and_humidity() {
+        let records = all(UseCase::SensorFusion, Shape::OutputHeavy, 30_000);
+        // (temperatures, humidities) per machine and reading-period window.
+        let mut windows: HashMap<(String, i64), (u32, u32)> = HashMap::new();
+        for generated in &records {
+            let window = event_time(&generated.record).div_euclid(READING_PERIOD_MS);
+            let counts = windows.entry((generated.key.clone(), window)).or_default();
+            match generated.input {
+                0 => counts.0 += 1,
+                _ => counts.1 += 1,
+            }
+        }
+        assert!(windows.values().all(|&counts| counts == (1, 1)));
+        assert_eq!(windows.len() * 2, records.len());
+    }
+
+    #[test]
+    fn marketplace_orders_by_customer_are_nearly_a_group_each_per_window() {
+        const SIZE_MS: i64 = 2_000;
+        const ADVANCE_MS: i64 = 1_000;
+        let records = all(UseCase::WindowAggregator, Shape::OutputHeavy, 50_000);
+        let mut groups = HashSet::new();
+        for generated in &records {
+            let Record::Marketplace(order) = &generated.record else {
+                unreachable!()
+            };
+            let last_start = order.order_time.div_euclid(ADVANCE_MS) * ADVANCE_MS;
+            for start in
+                (last_start - SIZE_MS + ADVANCE_MS..=last_start).step_by(ADVANCE_MS as usize)
+            {
+                groups.insert((start, order.customer_id.clone()));
+            }
+        }
+        // Each order is in two windows: two rows per order at most.
+        let per_order = groups.len() as f64 / records.len() as f64;
+        assert!(per_order > 1.7, "{per_order} rows per order");
     }
 }

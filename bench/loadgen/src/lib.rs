@@ -24,6 +24,18 @@ pub enum UseCase {
     WindowAggregator,
 }
 
+/// The shape of a use case's input. `bench/run.py` gives each shape its
+/// service flags too; bench/README.md has the table of what each shape is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Shape {
+    /// The benchmark's original input: few outputs per input for every use
+    /// case but the joiner.
+    #[default]
+    Base,
+    /// About one output per input.
+    OutputHeavy,
+}
+
 impl UseCase {
     /// The Avro schema of each input, in the order the tools take the topics.
     pub fn input_schemas(self) -> &'static [&'static str] {

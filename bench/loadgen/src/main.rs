@@ -4,8 +4,9 @@
 //! * `rate`: writes records at a fixed rate, each stamped with the wall-clock
 //!   time it is produced (event time and Kafka timestamp), for latency runs;
 //! * `watch`: follows a running system from outside until all its input is
-//!   processed and its output is final; reports wall time, CPU time and peak
-//!   RSS (from `/proc`);
+//!   processed and its output is final; reports the whole run's and the
+//!   steady (10 % to 90 % of the input) rates, start-up and drain, CPU time
+//!   and peak RSS (from `/proc`);
 //! * `wait-ready`: waits until consumer groups are stable (joined);
 //! * `latency`: reads an output topic as it is written and reports the
 //!   end-to-end latency of its records;
@@ -21,7 +22,7 @@ use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
 use bench_loadgen::generate::{generator, Clock, Spec};
 use bench_loadgen::kafka::{create_topics, now_ms, partitions, runtime, Cluster, Encoders};
-use bench_loadgen::{procfs, UseCase};
+use bench_loadgen::{procfs, Shape, UseCase};
 use clap::{Parser, Subcommand, ValueEnum};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -55,6 +56,9 @@ enum Command {
         records: u64,
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// The input's shape (bench/README.md, "Shapes").
+        #[arg(long, value_enum, default_value_t)]
+        shape: Shape,
         /// Partitions of the input topics when they are created (records go
         /// to them by key), for runs with several tasks (`--stream-threads`).
         #[arg(long, default_value_t = 1)]
@@ -74,6 +78,9 @@ enum Command {
         seconds: f64,
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// The input's shape (bench/README.md, "Shapes").
+        #[arg(long, value_enum, default_value_t)]
+        shape: Shape,
     },
     /// Follow a system until its input is processed and its output final.
     Watch(WatchArgs),
@@ -104,15 +111,40 @@ fn main() -> std::process::ExitCode {
             topics,
             records,
             seed,
+            shape,
             partitions,
-        } => fill(&cli.cluster, use_case, &topics, records, seed, partitions),
+        } => fill(
+            &cli.cluster,
+            use_case,
+            &topics,
+            Spec {
+                records,
+                seed,
+                live: false,
+                shape,
+            },
+            partitions,
+        ),
         Command::Rate {
             use_case,
             topics,
             rate,
             seconds,
             seed,
-        } => produce_at_rate(&cli.cluster, use_case, &topics, rate, seconds, seed),
+            shape,
+        } => produce_at_rate(
+            &cli.cluster,
+            use_case,
+            &topics,
+            rate,
+            seconds,
+            Spec {
+                records: 0,
+                seed,
+                live: true,
+                shape,
+            },
+        ),
         Command::Watch(args) => watch(&cli.cluster, args),
         Command::WaitReady {
             groups,
@@ -221,8 +253,7 @@ fn fill(
     cluster: &Cluster,
     use_case: UseCase,
     topics: &[String],
-    records: u64,
-    seed: u64,
+    spec: Spec,
     partitions: usize,
 ) -> anyhow::Result<()> {
     let rt = runtime()?;
@@ -230,14 +261,7 @@ fn fill(
     let registry = cluster.registry(&rt)?;
     let encoders = Encoders::register(&registry, topics, use_case.input_schemas())?;
     let producer = producer(cluster, 20)?;
-    let mut generator = generator(
-        use_case,
-        Spec {
-            records,
-            seed,
-            live: false,
-        },
-    );
+    let mut generator = generator(use_case, spec);
     let started = Instant::now();
     let mut payload = Vec::with_capacity(256);
     let mut counts = vec![0u64; topics.len()];
@@ -272,7 +296,7 @@ fn produce_at_rate(
     topics: &[String],
     rate: f64,
     seconds: f64,
-    seed: u64,
+    spec: Spec,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(rate > 0.0 && seconds > 0.0, "rate and seconds must be > 0");
     let rt = runtime()?;
@@ -281,14 +305,7 @@ fn produce_at_rate(
     let encoders = Encoders::register(&registry, topics, use_case.input_schemas())?;
     // A short linger: the time a record waits in the client counts in its latency.
     let producer = producer(cluster, 1)?;
-    let mut generator = generator(
-        use_case,
-        Spec {
-            records: 0,
-            seed,
-            live: true,
-        },
-    );
+    let mut generator = generator(use_case, spec);
     let mut payload = Vec::with_capacity(256);
     let started = Instant::now();
     let start_ms = now_ms();
@@ -346,8 +363,10 @@ struct WatchArgs {
     /// The output topics.
     #[arg(long, value_delimiter = ',', required = true)]
     outputs: Vec<String>,
-    /// Sampling period.
-    #[arg(long, default_value_t = 50)]
+    /// Sampling period: a fraction of the systems' 100 ms commit interval,
+    /// the steps in which committed offsets move, so that the steady rate's
+    /// window is timed to within a sample.
+    #[arg(long, default_value_t = 20)]
     poll_ms: u64,
     /// Done when the inputs are committed and the outputs' end offsets have
     /// not moved for this long.
@@ -358,11 +377,41 @@ struct WatchArgs {
     /// host:port of the service's /metrics, scraped at the end (ours only).
     #[arg(long)]
     metrics_addr: Option<String>,
+    /// An input the system's last stage reads through an internal topic
+    /// (`INPUT=INTERNAL@GROUP`): the steady rate follows that topic's
+    /// reader, not a first stage that may run ahead of it.
+    #[arg(long)]
+    through: Vec<Through>,
     /// Transaction markers at the end of each input partition (`streamctl
     /// produce` writes its records in one transaction: 1). Committed
     /// offsets stop before them, so the input is complete that much earlier.
     #[arg(long, default_value_t = 0)]
     input_markers: i64,
+}
+
+/// An input that reaches the system's last stage through an internal topic:
+/// `INPUT=INTERNAL@GROUP`, GROUP being the consumer group that reads INTERNAL.
+#[derive(Clone)]
+struct Through {
+    input: String,
+    internal: String,
+    group: String,
+}
+
+impl std::str::FromStr for Through {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let parsed = text.split_once('=').and_then(|(input, rest)| {
+            let (internal, group) = rest.split_once('@')?;
+            Some(Through {
+                input: input.to_string(),
+                internal: internal.to_string(),
+                group: group.to_string(),
+            })
+        });
+        parsed.ok_or_else(|| format!("{text:?} is not INPUT=INTERNAL@GROUP"))
+    }
 }
 
 /// One sample of the watched process.
@@ -373,19 +422,152 @@ struct Sample {
     processed: i64,
 }
 
+/// Committed offsets of the consumer's group on `partitions`, summed per
+/// topic (nothing committed yet: 0); `None` when the query failed.
+fn committed_per_topic(
+    consumer: &BaseConsumer,
+    partitions: &TopicPartitionList,
+) -> Option<HashMap<String, i64>> {
+    let committed = consumer
+        .committed_offsets(partitions.clone(), Duration::from_secs(5))
+        .ok()?;
+    let mut sums = HashMap::new();
+    for element in committed.elements() {
+        let offset = match element.offset() {
+            Offset::Offset(offset) => offset,
+            _ => 0,
+        };
+        *sums.entry(element.topic().to_string()).or_insert(0) += offset;
+    }
+    Some(sums)
+}
+
+/// The reader of an internal topic, followed sample by sample.
+struct InternalReader {
+    topic: String,
+    consumer: BaseConsumer,
+    /// Unknown until the system under test has created the topic.
+    partitions: Option<TopicPartitionList>,
+    /// Records of the input that reaches the last stage through the topic.
+    input_total: i64,
+    /// Committed offsets, one per sample.
+    committed: Vec<i64>,
+}
+
+impl InternalReader {
+    fn sample(&mut self) {
+        if self.partitions.is_none() {
+            self.partitions = partitions(&self.consumer, &self.topic).ok().map(|count| {
+                let mut list = TopicPartitionList::new();
+                for partition in 0..count {
+                    list.add_partition(&self.topic, partition);
+                }
+                list
+            });
+        }
+        let previous = self.committed.last().copied().unwrap_or(0);
+        let committed = self
+            .partitions
+            .as_ref()
+            .and_then(|list| committed_per_topic(&self.consumer, list))
+            .map_or(previous, |sums| sums.values().sum());
+        self.committed.push(committed);
+    }
+
+    /// The input records the last stage has taken in, per sample: the
+    /// committed share of the topic (whose end is final once the system
+    /// is done) times the input's records.
+    fn input_processed(&self) -> anyhow::Result<Vec<f64>> {
+        let mut end = 0i64;
+        for element in self.partitions.iter().flat_map(|list| list.elements()) {
+            end += self
+                .consumer
+                .fetch_watermarks(&self.topic, element.partition(), Duration::from_secs(5))?
+                .1;
+        }
+        let share = |committed: i64| match end {
+            0 => 0.0,
+            end => committed as f64 / end as f64,
+        };
+        Ok(self
+            .committed
+            .iter()
+            .map(|&committed| share(committed) * self.input_total as f64)
+            .collect())
+    }
+}
+
+/// The middle of a run, from the first sample with at least 10 % of the
+/// input processed to the first with at least 90 % (`progress`: input
+/// records the last stage has taken in, per sample): the steady rate, free
+/// of the start-up and of the end of the input. The drain: how much longer
+/// than that rate predicts the rest of the input took, from the 90 % sample
+/// to `end` (input committed, output final). Nothing when one commit took
+/// the whole middle: too short a run to tell.
+fn middle(
+    progress: &[(Instant, f64)],
+    input_total: i64,
+    end: Instant,
+) -> serde_json::Map<String, serde_json::Value> {
+    let total = input_total as f64;
+    let first_at = |fraction: f64| {
+        progress
+            .iter()
+            .position(|&(_, done)| done >= fraction * total)
+    };
+    let (Some(from), Some(to)) = (first_at(0.1), first_at(0.9)) else {
+        return serde_json::Map::new();
+    };
+    if from == to {
+        return serde_json::Map::new();
+    }
+    let ((from_at, from_done), (to_at, to_done)) = (progress[from], progress[to]);
+    let seconds = to_at.duration_since(from_at).as_secs_f64();
+    let rate = (to_done - from_done) / seconds;
+    let commits = progress[from..=to]
+        .windows(2)
+        .filter(|pair| pair[1].1 != pair[0].1)
+        .count();
+    let serde_json::Value::Object(figures) = json!({
+        "steady_records_per_s": rate,
+        "steady_s": seconds,
+        "steady_from": from_done / total,
+        "steady_to": to_done / total,
+        "steady_commits": commits,
+        "drain_s": end.duration_since(to_at).as_secs_f64() - (total - to_done) / rate,
+    }) else {
+        unreachable!("an object literal")
+    };
+    figures
+}
+
 fn watch(cluster: &Cluster, args: WatchArgs) -> anyhow::Result<()> {
     let launched = Instant::now();
     let consumer = cluster.query_consumer(&args.group)?;
     let timeout = Duration::from_secs(5);
     let mut inputs = TopicPartitionList::new();
-    let mut input_total = 0i64;
+    let mut input_totals: HashMap<&str, i64> = HashMap::new();
     for topic in &args.inputs {
         for partition in 0..partitions(&consumer, topic)? {
             inputs.add_partition(topic, partition);
             let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
             anyhow::ensure!(low == 0, "{topic} has been truncated");
-            input_total += high - args.input_markers;
+            *input_totals.entry(topic).or_default() += high - args.input_markers;
         }
+    }
+    let input_total: i64 = input_totals.values().sum();
+    let mut readers = Vec::new();
+    for through in &args.through {
+        let Some(&input_total) = input_totals.get(through.input.as_str()) else {
+            anyhow::bail!("--through {}: not one of the inputs", through.input);
+        };
+        readers.push(InternalReader {
+            topic: through.internal.clone(),
+            consumer: cluster.query_consumer(&through.group)?,
+            partitions: None,
+            input_total,
+            committed: Vec::new(),
+        });
     }
     let mut outputs = Vec::new();
     for topic in &args.outputs {
@@ -397,6 +579,9 @@ fn watch(cluster: &Cluster, args: WatchArgs) -> anyhow::Result<()> {
         println!("{}", json!({"ok": false, "error": error}));
         anyhow::bail!(error)
     };
+    let mut committed: HashMap<String, i64> = HashMap::new();
+    // Per sample, the records of the inputs the last stage reads directly.
+    let mut read_directly: Vec<(Instant, i64)> = Vec::new();
     let mut first: Option<Sample> = None;
     let mut inputs_done: Option<Sample> = None;
     let mut output_end = -1i64;
@@ -407,17 +592,19 @@ fn watch(cluster: &Cluster, args: WatchArgs) -> anyhow::Result<()> {
             return fail(format!("process {} exited", args.pid));
         };
         let at = Instant::now();
-        let processed = match consumer.committed_offsets(inputs.clone(), timeout) {
-            Ok(committed) => committed
-                .elements()
-                .iter()
-                .map(|e| match e.offset() {
-                    Offset::Offset(offset) => offset,
-                    _ => 0,
-                })
-                .sum(),
-            Err(_) => first.map_or(0, |f| f.processed),
-        };
+        if let Some(sums) = committed_per_topic(&consumer, &inputs) {
+            committed = sums;
+        }
+        let processed: i64 = committed.values().sum();
+        let direct = committed
+            .iter()
+            .filter(|(topic, _)| !args.through.iter().any(|t| &t.input == *topic))
+            .map(|(_, offset)| offset)
+            .sum();
+        read_directly.push((at, direct));
+        for reader in &mut readers {
+            reader.sample();
+        }
         let mut end = 0i64;
         for (topic, partition) in &outputs {
             end += consumer.fetch_watermarks(topic, *partition, timeout)?.1;
@@ -442,25 +629,36 @@ fn watch(cluster: &Cluster, args: WatchArgs) -> anyhow::Result<()> {
                 let cpu = last.cpu - first.cpu;
                 let per = |value: f64| (timed > 0 && value > 0.0).then(|| timed as f64 / value);
                 let metrics = args.metrics_addr.as_deref().map(scrape_metrics);
-                println!(
-                    "{}",
-                    json!({
-                        "ok": true,
-                        "records": input_total,
-                        "records_timed": timed,
-                        "startup_s": first.at.duration_since(launched).as_secs_f64(),
-                        "wall_s": wall,
-                        "records_per_s": per(wall),
-                        "cpu_s": cpu,
-                        "records_per_cpu_s": per(cpu),
-                        "cpu_total_s": last.cpu,
-                        "total_wall_s": last.at.duration_since(launched).as_secs_f64(),
-                        "rss_peak_mib": procfs::peak_rss_mib(args.pid),
-                        "rss_end_mib": procfs::rss_mib(args.pid),
-                        "output_end_offset": output_end,
-                        "metrics": metrics,
-                    })
-                );
+                let mut progress: Vec<(Instant, f64)> = read_directly
+                    .iter()
+                    .map(|&(at, direct)| (at, direct as f64))
+                    .collect();
+                for reader in &readers {
+                    for (sample, through) in progress.iter_mut().zip(reader.input_processed()?) {
+                        sample.1 += through;
+                    }
+                }
+                let mut report = json!({
+                    "ok": true,
+                    "records": input_total,
+                    "records_timed": timed,
+                    "startup_s": first.at.duration_since(launched).as_secs_f64(),
+                    "wall_s": wall,
+                    "records_per_s": per(wall),
+                    "cpu_s": cpu,
+                    "records_per_cpu_s": per(cpu),
+                    "cpu_total_s": last.cpu,
+                    "total_wall_s": last.at.duration_since(launched).as_secs_f64(),
+                    "rss_peak_mib": procfs::peak_rss_mib(args.pid),
+                    "rss_end_mib": procfs::rss_mib(args.pid),
+                    "output_end_offset": output_end,
+                    "metrics": metrics,
+                });
+                report
+                    .as_object_mut()
+                    .expect("a JSON object")
+                    .extend(middle(&progress, input_total, last.at));
+                println!("{report}");
                 return Ok(());
             }
         }
@@ -470,7 +668,8 @@ fn watch(cluster: &Cluster, args: WatchArgs) -> anyhow::Result<()> {
                 args.timeout_secs
             ));
         }
-        std::thread::sleep(Duration::from_millis(args.poll_ms));
+        // Every poll_ms from sample to sample, however long the queries took.
+        std::thread::sleep(Duration::from_millis(args.poll_ms).saturating_sub(at.elapsed()));
     }
 }
 

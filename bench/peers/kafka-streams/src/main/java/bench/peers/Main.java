@@ -27,9 +27,11 @@ import org.apache.kafka.streams.processor.TimestampExtractor;
  *     [--bootstrap-servers 127.0.0.1:9092] [--schema-registry-url http://127.0.0.1:8081]
  *     [--state-dir DIR] [--processing-guarantee exactly_once_v2|at_least_once]
  *     [--schemas-dir shared/schemas/avro] [--window-interval-ms 300000]
+ *     [--group-by customer_id|product_id|order_id]
  * </pre>
  *
- * Use cases: sessionizer, order-shipment-joiner, sensor-fusion, window-aggregator (global).
+ * Use cases: sessionizer, order-shipment-joiner, sensor-fusion, window-aggregator (global, or
+ * per group with --group-by).
  * One stream thread, commit.interval.ms=100, the producer settings of our runtime (linger.ms=5,
  * lz4) and max.task.idle.ms=1000 (our --max-task-idle default).
  */

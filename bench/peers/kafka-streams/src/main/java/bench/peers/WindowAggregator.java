@@ -20,23 +20,29 @@ import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.state.WindowStore;
 
 /**
- * window-aggregator without --group-by (docs/services/window-aggregator.md) in the DSL: every
- * order re-keyed to one constant key ({@code groupBy}, hence through the repartition topic
- * {@code <app>-orders-global-repartition}: the DSL has no local pre-aggregation), hopping
+ * window-aggregator (docs/services/window-aggregator.md) in the DSL: every order re-keyed to its
+ * group ({@code groupBy}, hence through the repartition topic
+ * {@code <app>-orders-by-group-repartition}: the DSL has no local pre-aggregation), hopping
  * windows of 2 s every 1 s (grace 0), count of non-null customer ids, exact price sum (the same
  * Shewchuk partials as ours), min, max, mean over all orders, and
- * {@code suppress(untilWindowCloses)} so that each window is written once, with a null key.
+ * {@code suppress(untilWindowCloses)} so that each window of each group is written once. Without
+ * --group-by all orders are one group, written with a null key; with {@code --group-by FIELD}
+ * (customer_id, product_id, order_id) the key is the field's value, null for the null group.
+ * The DSL drops records with a null key, so groups are keyed as ours keys them internally:
+ * "=" + the value, and "" for the null group (or the one group of global windows).
  */
 final class WindowAggregator {
     static Topology topology(Main.Config config) {
         long size = config.option("window-size-ms", 2_000);
         long advance = config.option("window-advance-ms", 1_000);
+        String groupField = config.options.get("group-by");
         Schema outSchema = config.schema("order-window-counts");
         StreamsBuilder builder = new StreamsBuilder();
         AvroSerde orderSerde = config.serde("orders-marketplace");
         builder.stream(config.inputs.get(0), Consumed.with(Serdes.String(), orderSerde)
                         .withTimestampExtractor(Main.timeField("order_time", 1)))
-                .groupBy((key, order) -> "", Grouped.with("orders-global", Serdes.String(), orderSerde))
+                .groupBy((key, order) -> groupKey(order, groupField),
+                        Grouped.with("orders-by-group", Serdes.String(), orderSerde))
                 .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(size), Duration.ZERO)
                         .advanceBy(Duration.ofMillis(advance)))
                 .aggregate(Stats::new, (key, order, stats) -> stats.add(order),
@@ -48,18 +54,25 @@ final class WindowAggregator {
                 .map((window, stats) -> {
                     GenericRecord out = new GenericData.Record(outSchema);
                     double sum = stats.sum.value();
+                    String group = window.key().isEmpty() ? null : window.key().substring(1);
                     out.put("window_start", window.window().start());
                     out.put("window_end", window.window().end());
-                    out.put("group", null);
+                    out.put("group", group);
                     out.put("count", stats.count);
                     out.put("price_sum", sum);
                     out.put("price_min", stats.min);
                     out.put("price_max", stats.max);
                     out.put("price_mean", sum / stats.records);
-                    return KeyValue.pair((String) null, out);
+                    return KeyValue.pair(group, out);
                 })
                 .to(config.output, Produced.with(Serdes.String(), new AvroSerde(config.registry, outSchema)));
         return builder.build();
+    }
+
+    /** The order's group as a non-null key: "" for the null group, "=" + the value otherwise. */
+    static String groupKey(GenericRecord order, String groupField) {
+        Object value = groupField == null ? null : order.get(groupField);
+        return value == null ? "" : "=" + value;
     }
 
     /** What is kept per window. */
