@@ -309,7 +309,11 @@ EOF
   [ -f "$REGISTRY_LOG" ] && mv -f "$REGISTRY_LOG" "$REGISTRY_LOG.prev"
   log "starting schema registry on https://$HOST:$CLUSTER_REGISTRY_PORT (basic auth), log: $REGISTRY_LOG"
   # The password goes through the environment (readable by this user only), not argv.
-  spawn_registry SCHEMA_REGISTRY_BOOTSTRAP_PASSWORD="$(password "$REGISTRY_USER")"
+  (
+    SCHEMA_REGISTRY_BOOTSTRAP_PASSWORD="$(password "$REGISTRY_USER")"
+    export SCHEMA_REGISTRY_BOOTSTRAP_PASSWORD
+    spawn_registry SCHEMA_REGISTRY_BOOTSTRAP_PASSWORD
+  )
 }
 
 registry_tls_answers() {

@@ -327,15 +327,18 @@ start_registry() {
   spawn_registry
 }
 
-# Starts the registry on its generated config, with the VAR=VALUE pairs given. The registry
-# lets any SCHEMA_REGISTRY_* env var (PORT, HOST, STORAGE_TYPE, AUTH_TYPE, ...) override its
-# config file; they are all dropped so only the generated config applies.
+# Starts the registry on its generated config. The registry lets any SCHEMA_REGISTRY_* env var
+# (PORT, HOST, STORAGE_TYPE, AUTH_TYPE, ...) override its config file; they are all dropped so
+# only the generated config applies, except the ones named as arguments, which the caller has
+# exported (a secret passes so, never in argv).
 spawn_registry() {
   local unset_env=() v
   for v in $(compgen -e); do
-    case "$v" in SCHEMA_REGISTRY_*) unset_env+=(-u "$v") ;; esac
+    case "$v" in
+      SCHEMA_REGISTRY_*) [[ " $* " == *" $v "* ]] || unset_env+=(-u "$v") ;;
+    esac
   done
-  spawn "$REGISTRY_PID" "$REGISTRY_LOG" env "${unset_env[@]}" "$@" \
+  spawn "$REGISTRY_PID" "$REGISTRY_LOG" env "${unset_env[@]}" \
     "$REGISTRY_BIN" -config "$REGISTRY_DIR/config.yaml"
 }
 
