@@ -8,7 +8,7 @@ CARGO ?= cargo
 include deploy/local/stack.mk
 include deploy/local/cluster.mk
 
-.PHONY: help deps build test test-unit lint demo bench bench-model bench-embed bench-restore bench-failover models
+.PHONY: help deps build test test-unit lint demo bench bench-scale bench-model bench-embed bench-restore bench-failover models
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -60,6 +60,10 @@ demo: build up models ## run every service on the example data (tests/fixtures) 
 bench: deps up ## throughput of every service on the local stack (release build; see BENCHMARKS.md)
 	$(CARGO) build --release --bins
 	@bash bench/throughput.sh
+
+bench-scale: deps up ## throughput, RSS, restore, latency, failover as state grows past memory, vs Kafka Streams (release; bench/README.md)
+	$(CARGO) build --release --bins
+	@bash bench/scale.sh
 
 bench-model: deps models ## embed-batcher's model vs sentence-transformers: embeddings/s and memory (release; see BENCHMARKS.md)
 	@bash bench/embed/model_bench.sh

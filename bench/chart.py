@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Draws bench/results/<date>.json as an SVG: steady and whole-run records/s
 and peak RSS per use case, shape and system (median bars, min-max whiskers),
-with ours over Kafka Streams on the steady rate. Standard library only.
+with ours over Kafka Streams on the steady rate; or, for bench/scale.py's
+results (<date>-scale.json), steady records/s and peak RSS against the keys
+in state, per service and system. Standard library only.
 
     python3 bench/chart.py bench/results/<date>.json bench/results/<date>.svg
 """
 
 import json
+import math
 import sys
 from xml.sax.saxutils import escape
 
@@ -87,8 +90,84 @@ def panel(out, top, width, title, unit, groups, key, notes=None):
     return systems
 
 
+def line_panel(out, left, top, width, height, title, series, y_label):
+    """Values against keys on a log-10 x axis: `series` is {system: [(keys, value)]}."""
+    xs = sorted({x for points in series.values() for x, _ in points}) or [1, 10]
+    lo, hi = math.floor(math.log10(min(xs))), math.ceil(math.log10(max(xs)))
+    hi = max(hi, lo + 1)
+    top_value = nice_max(max([v for points in series.values() for _, v in points] + [1]))
+    plot_l, plot_r, plot_t, plot_b = left + 60, left + width - 15, top + 30, top + height - 35
+    out.append(f'<text x="{plot_l}" y="{top + 16}" font-size="13" font-weight="bold">{escape(title)}</text>')
+
+    def x_of(keys):
+        return plot_l + (plot_r - plot_l) * (math.log10(keys) - lo) / (hi - lo)
+
+    def y_of(value):
+        return plot_b - (plot_b - plot_t) * value / top_value
+    for i in range(5):
+        value = top_value * i / 4
+        out.append(f'<line x1="{plot_l}" y1="{y_of(value):.1f}" x2="{plot_r}" y2="{y_of(value):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{plot_l - 6}" y="{y_of(value) + 4:.1f}" font-size="11" '
+                   f'text-anchor="end">{label(value)}</text>')
+    for exponent in range(lo, hi + 1):
+        x = x_of(10 ** exponent)
+        out.append(f'<line x1="{x:.1f}" y1="{plot_t}" x2="{x:.1f}" y2="{plot_b}" stroke="#eee"/>')
+        out.append(f'<text x="{x:.1f}" y="{plot_b + 15}" font-size="11" text-anchor="middle">'
+                   f'{label(10 ** exponent)}</text>')
+    out.append(f'<text x="{(plot_l + plot_r) / 2:.1f}" y="{plot_b + 30}" font-size="11" '
+               f'text-anchor="middle">keys in state</text>')
+    out.append(f'<text x="{left + 14}" y="{(plot_t + plot_b) / 2:.1f}" font-size="11" text-anchor="middle" '
+               f'transform="rotate(-90 {left + 14} {(plot_t + plot_b) / 2:.1f})">{escape(y_label)}</text>')
+    for system, points in series.items():
+        color = COLORS.get(system, "#2ca02c")
+        path = " ".join(f"{x_of(x):.1f},{y_of(v):.1f}" for x, v in sorted(points))
+        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for x, v in points:
+            out.append(f'<circle cx="{x_of(x):.1f}" cy="{y_of(v):.1f}" r="3.5" fill="{color}">'
+                       f'<title>{escape(system)}: {v:.0f} at {x} keys</title></circle>')
+            out.append(f'<text x="{x_of(x) + 5:.1f}" y="{y_of(v) - 5:.1f}" font-size="10">{label(v)}</text>')
+
+
+def scale_chart(results):
+    """bench/scale.py's results: per service, steady records/s and peak RSS
+    against the keys in state, one line per system."""
+    services = list(dict.fromkeys(p["service"] for p in results["points"]))
+    width, height = 1000, 280
+    out = []
+    systems = []
+    for row, service in enumerate(services):
+        per = {"steady_records_per_s": {}, "rss_peak_mib": {}}
+        for p in results["points"]:
+            if p["service"] != service:
+                continue
+            for system, s in p["systems"].items():
+                systems += [system] if system not in systems else []
+                for key, series in per.items():
+                    value = s["throughput"].get(key)
+                    if value is not None:
+                        series.setdefault(system, []).append((p["keys"], value))
+        line_panel(out, 0, row * height, width / 2, height, f"{service}: steady records/s",
+                   per["steady_records_per_s"], "records/s")
+        line_panel(out, width / 2, row * height, width / 2, height, f"{service}: peak RSS (VmHWM), MiB",
+                   per["rss_peak_mib"], "MiB")
+    legend_y = len(services) * height + 10
+    for i, system in enumerate(systems):
+        x = MARGIN_LEFT + i * 160
+        out.append(f'<rect x="{x}" y="{legend_y}" width="14" height="14" fill="{COLORS.get(system, "#2ca02c")}"/>')
+        out.append(f'<text x="{x + 20}" y="{legend_y + 12}" font-size="12">{escape(system)}</text>')
+    meta = results["meta"]
+    out.append(f'<text x="{MARGIN_LEFT}" y="{legend_y + 36}" font-size="11" fill="#555">'
+               f'{escape(meta["date"])}, commit {escape(meta["commit"][:12])}, {meta["cpus"]} cores; ours '
+               f'--state-memory-limit {meta["state_memory_limit_mib"]} MiB, Kafka Streams '
+               f'{escape(" ".join(meta["ks_java_opts"]))} + RocksDB defaults</text>')
+    return width, legend_y + 50, out
+
+
 def main():
     results = json.load(open(sys.argv[1]))
+    if "points" in results:
+        write_svg(sys.argv[2], *scale_chart(results))
+        return
     meta = results["meta"]
     groups = [(use_case, shape, per["systems"]) for use_case, shapes in results["summary"].items()
               for shape, per in shapes.items()]
@@ -111,11 +190,14 @@ def main():
     out.append(f'<text x="{MARGIN_LEFT}" y="{legend_y + 36}" font-size="11" fill="#555">'
                f'{escape(meta["date"])}, commit {escape(meta["commit"])}, {meta["cpus"]} cores, scale {meta["scale"]}, '
                f'{meta["runs"]} runs per system, local Kafka broker on the same machine</text>')
-    height = legend_y + 50
+    write_svg(sys.argv[2], width, legend_y + 50, out)
+
+
+def write_svg(path, width, height, out):
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif">\n'
            f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(out) + "\n</svg>\n")
-    with open(sys.argv[2], "w") as f:
+    with open(path, "w") as f:
         f.write(svg)
 
 

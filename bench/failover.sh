@@ -31,7 +31,8 @@
 # Prints a table and writes bench/results/<date>-failover.json
 # (FAILOVER_RESULTS overrides the path). Needs the release binaries
 # (sessionizer, streamctl; BIN_DIR overrides the directory) and the local
-# stack. FAILOVER_KEEP=1 keeps the work directory (logs, state).
+# stack. FAILOVER_KEEP=1 keeps the work directory (logs, state);
+# FAILOVER_RUN names the run (its topics' prefix; bench/scale.py sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,7 +42,7 @@ export USERS="${FAILOVER_USERS:-1000000}"
 export STANDBYS="${FAILOVER_STANDBYS:-0 1}"
 export ROUNDS="${BENCH_RUNS:-1}"
 export SESSION_TIMEOUT_MS="${FAILOVER_SESSION_TIMEOUT_MS:-6000}"
-export RUN="failover-$(date +%s)"
+export RUN="${FAILOVER_RUN:-failover-$(date +%s)}"
 export WORK="${TMPDIR:-/tmp}/$RUN"
 export RESULTS="${FAILOVER_RESULTS:-bench/results/$(date +%F)-failover.json}"
 export SCHEMA="shared/schemas/avro/user-events.avsc"

@@ -455,28 +455,7 @@ def latency_run(use_case, shape, name, guarantee, rate):
     system = System(name, use_case, shape, inputs, app, guarantee, live=True).start()
     outcome = {"use_case": use_case, "shape": shape, "system": name, "guarantee": guarantee, "rate": rate}
     try:
-        outcome["ready"] = loadgen("wait-ready", "--pid", system.process.pid,
-                                   *[a for g in system.groups for a in ("--group", g)])
-        start = int(time.time() * 1000) + 1000
-        from_ms = start + int(WARMUP_SECONDS * 1000)
-        to_ms = from_ms + int(LATENCY_SECONDS * 1000)
-        stop_ms = to_ms + int(TAIL_SECONDS * 1000)
-        meter = subprocess.Popen([str(BIN / "loadgen"), "latency", "--use-case", use_case, "--kind",
-                                  "copy" if name == "rawcopy" else "service",
-                                  "--outputs", ",".join(system.outputs), "--inputs", ",".join(inputs),
-                                  "--from-ms", str(from_ms), "--to-ms", str(to_ms),
-                                  "--stop-at-ms", str(stop_ms)], stdout=subprocess.PIPE, text=True)
-        time.sleep(max(0.0, start / 1000 - time.time()))
-        # The load goes on through the tail: a record of the measured window
-        # must not wait for the end of the input (a merge waits up to
-        # --max-task-idle for an input that stopped; the joiner's last second
-        # of shipments did, adding ~1 s to a tenth of its rows).
-        outcome["load"] = loadgen("rate", "--use-case", use_case, "--shape", shape,
-                                  "--topics", ",".join(inputs), "--rate", rate, "--seconds",
-                                  WARMUP_SECONDS + LATENCY_SECONDS + TAIL_SECONDS)
-        out, _ = meter.communicate(timeout=300)
-        outcome |= json.loads(out.strip().splitlines()[-1])
-        outcome["ok"] = True
+        outcome |= measure_latency(system, shape, rate)
         log(f"latency {use_case} ({shape}) {name} {guarantee} at {rate:,}/s: p50 {outcome['p50_ms']} ms, "
             f"p99 {outcome['p99_ms']} ms ({outcome['count']} rows)")
     except Exception as error:  # noqa: BLE001 - recorded, the run goes on
@@ -485,6 +464,33 @@ def latency_run(use_case, shape, name, guarantee, rate):
     finally:
         system.stop()
     return outcome
+
+
+def measure_latency(system, shape, rate, rate_args=()):
+    """Produces `rate` records/s on a started system's inputs (`loadgen rate`,
+    `rate_args` added) and reads its outputs meanwhile (`loadgen latency`):
+    the end-to-end latency of the rows of the measured window."""
+    outcome = {"ready": loadgen("wait-ready", "--pid", system.process.pid,
+                                *[a for g in system.groups for a in ("--group", g)])}
+    start = int(time.time() * 1000) + 1000
+    from_ms = start + int(WARMUP_SECONDS * 1000)
+    to_ms = from_ms + int(LATENCY_SECONDS * 1000)
+    stop_ms = to_ms + int(TAIL_SECONDS * 1000)
+    meter = subprocess.Popen([str(BIN / "loadgen"), "latency", "--use-case", system.use_case, "--kind",
+                              "copy" if system.name == "rawcopy" else "service",
+                              "--outputs", ",".join(system.outputs), "--inputs", ",".join(system.inputs),
+                              "--from-ms", str(from_ms), "--to-ms", str(to_ms),
+                              "--stop-at-ms", str(stop_ms)], stdout=subprocess.PIPE, text=True)
+    time.sleep(max(0.0, start / 1000 - time.time()))
+    # The load goes on through the tail: a record of the measured window
+    # must not wait for the end of the input (a merge waits up to
+    # --max-task-idle for an input that stopped; the joiner's last second
+    # of shipments did, adding ~1 s to a tenth of its rows).
+    outcome["load"] = loadgen("rate", "--use-case", system.use_case, "--shape", shape,
+                              "--topics", ",".join(system.inputs), "--rate", rate, "--seconds",
+                              WARMUP_SECONDS + LATENCY_SECONDS + TAIL_SECONDS, *rate_args)
+    out, _ = meter.communicate(timeout=300)
+    return outcome | json.loads(out.strip().splitlines()[-1]) | {"ok": True}
 
 
 def fmt(value, digits=0):

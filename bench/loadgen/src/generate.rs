@@ -46,10 +46,20 @@ pub struct Spec {
     /// Rate mode: shape the data for a live stream (see each generator).
     pub live: bool,
     pub shape: Shape,
+    /// A key space of this many keys that all stay in the service's state
+    /// (`loadgen fill --keys`, `make bench-scale`; 0: the shape's own input).
+    /// See [`keyed`].
+    pub keys: u64,
+    /// Fill mode with `keys`: the event time of the first record (epoch ms;
+    /// default [`BASE_MS`]).
+    pub start_ms: Option<i64>,
 }
 
 /// The generator of a use case.
 pub fn generator(use_case: UseCase, spec: Spec) -> Box<dyn Generator> {
+    if spec.keys > 0 {
+        return keyed(use_case, spec);
+    }
     match (use_case, spec.shape) {
         (UseCase::Sessionizer, Shape::Base) => Box::new(Sessions::new(spec)),
         (UseCase::Sessionizer, Shape::OutputHeavy) => Box::new(Visits::new(spec)),
@@ -209,7 +219,11 @@ impl Visits {
         Visits {
             rng: StdRng::seed_from_u64(spec.seed),
             left: if spec.live { u64::MAX } else { spec.records },
-            users: if spec.live { 100_000_000 } else { 200_000 },
+            users: match spec.keys {
+                0 if spec.live => 100_000_000,
+                0 => 200_000,
+                keys => keys.min(u32::MAX as u64) as u32,
+            },
             time: BASE_MS,
         }
     }
@@ -368,7 +382,8 @@ impl LiveOrders {
     pub fn new(spec: Spec) -> Self {
         LiveOrders {
             rng: StdRng::seed_from_u64(spec.seed),
-            next_id: 0,
+            // Above the ids of a keyed fill's orders, still in state.
+            next_id: spec.keys.min(i32::MAX as u64) as i32,
             produced: 0,
             pending: BinaryHeap::new(),
         }
@@ -571,6 +586,163 @@ impl Generator for Marketplace {
     }
 }
 
+// ------------------------------------------------ keyed inputs (bench-scale)
+
+/// Event time a keyed sessionizer fill spans: below the 30 s session
+/// timeout, so no session ends.
+pub const KEYED_SESSION_SPREAD_MS: i64 = 20_000;
+/// Event time the orders of a keyed joiner fill span; each ships 10 minutes
+/// to this much later: every order is still inside the 7-day window when
+/// the input ends.
+pub const KEYED_ORDER_SPREAD_S: i64 = 86_400;
+/// Event time a keyed window-aggregator fill spans: inside one window of
+/// an hour (`--window-size 1h --window-advance 1h`) when it starts on the
+/// hour, so every group stays open.
+pub const KEYED_MARKETPLACE_SPREAD_MS: i64 = 1_800_000;
+
+/// Inputs over a key space of `spec.keys` keys that all stay in the
+/// service's state to the end of the input (`make bench-scale`: the cost
+/// curve as state outgrows memory). Fill mode, `records` per input topic,
+/// the keys in turn (key `i % keys`), event times spread evenly from
+/// `start_ms`, in order:
+///
+/// * sessionizer: a `LOGIN` of each user, then activities (no `LOGOUT`),
+///   all within [`KEYED_SESSION_SPREAD_MS`]: `keys` open sessions;
+/// * joiner: orders `0..keys` over [`KEYED_ORDER_SPREAD_S`], one shipment
+///   each 10 minutes to a day later (shipments `records` too): every order
+///   joins and waits in state for the rest of its 7-day window;
+/// * window-aggregator: orders of customers `c0..c{keys}` (none without)
+///   over [`KEYED_MARKETPLACE_SPREAD_MS`]: `keys` groups in one window.
+///
+/// Rate mode: the sessionizer's output-heavy visits over the `keys` users
+/// (half are a `LOGOUT`: a prefilled user's ends its session), the joiner's
+/// live orders with ids from `keys` on (new orders beside the prefilled
+/// ones).
+fn keyed(use_case: UseCase, spec: Spec) -> Box<dyn Generator> {
+    match use_case {
+        UseCase::Sessionizer if spec.live => Box::new(Visits::new(spec)),
+        UseCase::OrderShipmentJoiner if spec.live => Box::new(LiveOrders::new(spec)),
+        UseCase::Sessionizer | UseCase::WindowAggregator => {
+            Box::new(KeyedRounds::new(use_case, spec))
+        }
+        UseCase::OrderShipmentJoiner => Box::new(KeyedOrders::new(spec)),
+        UseCase::SensorFusion => panic!("sensor-fusion has no keyed input (its state is windows)"),
+    }
+}
+
+/// The keyed sessionizer and window-aggregator inputs: key `i % keys` for
+/// record `i`, event times spread evenly from the start.
+pub struct KeyedRounds {
+    use_case: UseCase,
+    rng: StdRng,
+    records: u64,
+    keys: u64,
+    index: u64,
+    start: i64,
+    spread: i64,
+}
+
+impl KeyedRounds {
+    pub fn new(use_case: UseCase, spec: Spec) -> Self {
+        assert!(!spec.live, "rate mode has no keyed {use_case:?} input");
+        KeyedRounds {
+            use_case,
+            rng: StdRng::seed_from_u64(spec.seed),
+            records: spec.records,
+            keys: spec.keys,
+            index: 0,
+            start: spec.start_ms.unwrap_or(BASE_MS),
+            spread: match use_case {
+                UseCase::Sessionizer => KEYED_SESSION_SPREAD_MS,
+                _ => KEYED_MARKETPLACE_SPREAD_MS,
+            },
+        }
+    }
+}
+
+impl Generator for KeyedRounds {
+    fn next(&mut self, _clock: Clock) -> Option<Generated> {
+        if self.index >= self.records {
+            return None;
+        }
+        let (i, key) = (self.index, self.index % self.keys);
+        self.index += 1;
+        let time = self.start + (i as i128 * self.spread as i128 / self.records as i128) as i64;
+        if self.use_case == UseCase::Sessionizer {
+            let event_type = if i < self.keys {
+                "LOGIN"
+            } else {
+                activity(&mut self.rng)
+            };
+            return Some(user_event(key as u32, event_type, time));
+        }
+        let order_id = format!("o{i}");
+        let price = round_to(normal(&mut self.rng, 3.0, 1.0).exp().max(0.5), 2);
+        Some(Generated {
+            input: 0,
+            key: order_id.clone(),
+            record: Record::Marketplace(MarketplaceOrder {
+                order_id,
+                customer_id: Some(format!("c{key}")),
+                product_id: format!("p{}", self.rng.random_range(0..20_000)),
+                price,
+                order_time: time,
+            }),
+        })
+    }
+}
+
+/// The keyed joiner input: all orders, then all shipments in ship-time order.
+pub struct KeyedOrders {
+    orders: std::vec::IntoIter<Order>,
+    shipments: std::vec::IntoIter<Shipment>,
+}
+
+impl KeyedOrders {
+    pub fn new(spec: Spec) -> Self {
+        let mut rng = StdRng::seed_from_u64(spec.seed);
+        let start = spec.start_ms.unwrap_or(BASE_MS).div_euclid(1000);
+        let count = spec.records.min(i32::MAX as u64) as i64;
+        let orders: Vec<Order> = (0..count)
+            .map(|i| {
+                let id = (i as u64 % spec.keys) as i32;
+                order(&mut rng, id, start + i * KEYED_ORDER_SPREAD_S / count)
+            })
+            .collect();
+        let mut shipments: Vec<Shipment> = orders
+            .iter()
+            .enumerate()
+            .map(|(i, order)| {
+                let delay = rng.random_range(600..=KEYED_ORDER_SPREAD_S);
+                let id = format!("ship-{i}");
+                shipment(&mut rng, id, order.id, order.order_ts_raw + delay)
+            })
+            .collect();
+        shipments.sort_by_key(|s| (s.ship_ts_raw, s.order_id));
+        KeyedOrders {
+            orders: orders.into_iter(),
+            shipments: shipments.into_iter(),
+        }
+    }
+}
+
+impl Generator for KeyedOrders {
+    fn next(&mut self, _clock: Clock) -> Option<Generated> {
+        if let Some(order) = self.orders.next() {
+            return Some(Generated {
+                input: 0,
+                key: order.id.to_string(),
+                record: Record::Order(order),
+            });
+        }
+        self.shipments.next().map(|shipment| Generated {
+            input: 1,
+            key: shipment.id.clone(),
+            record: Record::Shipment(shipment),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -585,6 +757,8 @@ mod tests {
                 seed: 7,
                 live: false,
                 shape,
+                keys: 0,
+                start_ms: None,
             },
         );
         std::iter::from_fn(|| generator.next(Clock::Simulated)).collect()
@@ -647,6 +821,8 @@ mod tests {
                 seed: 1,
                 live: true,
                 shape: Shape::Base,
+                keys: 0,
+                start_ms: None,
             },
         );
         // One record per millisecond: 500 orders and, after the first
@@ -766,5 +942,60 @@ mod tests {
         // Each order is in two windows: two rows per order at most.
         let per_order = groups.len() as f64 / records.len() as f64;
         assert!(per_order > 1.7, "{per_order} rows per order");
+    }
+
+    fn keyed_input(use_case: UseCase, records: u64, keys: u64) -> Vec<Generated> {
+        let mut generator = generator(
+            use_case,
+            Spec {
+                records,
+                seed: 7,
+                live: false,
+                shape: Shape::Base,
+                keys,
+                start_ms: None,
+            },
+        );
+        std::iter::from_fn(|| generator.next(Clock::Simulated)).collect()
+    }
+
+    #[test]
+    fn keyed_inputs_keep_every_key_open_in_event_time_order() {
+        for use_case in [
+            UseCase::Sessionizer,
+            UseCase::OrderShipmentJoiner,
+            UseCase::WindowAggregator,
+        ] {
+            let records = keyed_input(use_case, 3_000, 1_000);
+            let inputs = use_case.input_schemas().len();
+            assert_eq!(records.len(), 3_000 * inputs, "{use_case:?}");
+            for input in 0..inputs {
+                let times: Vec<i64> = records
+                    .iter()
+                    .filter(|g| g.input == input)
+                    .map(|g| event_time(&g.record))
+                    .collect();
+                assert!(times.windows(2).all(|w| w[0] <= w[1]), "{use_case:?}");
+                let span = times.last().unwrap() - times[0];
+                match use_case {
+                    UseCase::Sessionizer => assert!(span < 30_000),
+                    UseCase::WindowAggregator => assert!(span < 3_600_000),
+                    _ => assert!(span <= 2 * KEYED_ORDER_SPREAD_S * 1000),
+                }
+            }
+            let keys: HashSet<String> = records
+                .iter()
+                .filter_map(|g| match &g.record {
+                    Record::UserEvent(e) => {
+                        assert_ne!(e.event_type, "LOGOUT");
+                        Some(e.user_id.clone())
+                    }
+                    Record::Order(o) => Some(o.id.to_string()),
+                    Record::Marketplace(o) => o.customer_id.clone(),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(keys.len(), 1_000, "{use_case:?}");
+        }
     }
 }

@@ -92,6 +92,37 @@ pub fn create_topics(
     Ok(())
 }
 
+/// Deletes the topics whose names start with one of `prefixes` (a run's
+/// inputs, outputs, changelogs and repartition topics); returns their names.
+pub fn delete_topics(
+    cluster: &Cluster,
+    runtime: &tokio::runtime::Runtime,
+    prefixes: &[String],
+) -> anyhow::Result<Vec<String>> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let consumer = cluster.query_consumer("loadgen-query")?;
+    let metadata = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+    let doomed: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_string())
+        .filter(|name| prefixes.iter().any(|p| name.starts_with(p.as_str())))
+        .collect();
+    if doomed.is_empty() {
+        return Ok(doomed);
+    }
+    let admin: AdminClient<DefaultClientContext> = cluster.client_config().create()?;
+    let names: Vec<&str> = doomed.iter().map(String::as_str).collect();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in runtime.block_on(admin.delete_topics(&names, &options))? {
+        if let Err((topic, error)) = result {
+            anyhow::bail!("deleting {topic}: {error}");
+        }
+    }
+    Ok(doomed)
+}
+
 /// The partition count of a topic, from the broker's metadata.
 pub fn partitions(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<i32> {
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
 use bench_loadgen::generate::{generator, Clock, Spec};
-use bench_loadgen::kafka::{create_topics, now_ms, partitions, runtime, Cluster, Encoders};
+use bench_loadgen::kafka::{
+    create_topics, delete_topics, now_ms, partitions, runtime, Cluster, Encoders,
+};
 use bench_loadgen::{procfs, Shape, UseCase};
 use clap::{Parser, Subcommand, ValueEnum};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -63,6 +65,14 @@ enum Command {
         /// to them by key), for runs with several tasks (`--stream-threads`).
         #[arg(long, default_value_t = 1)]
         partitions: usize,
+        /// A key space of this many keys that all stay in the service's
+        /// state (instead of the shape's input): open sessions, orders
+        /// waiting in the join window, window groups (`make bench-scale`).
+        #[arg(long, default_value_t = 0)]
+        keys: u64,
+        /// With `--keys`: the event time of the first record, epoch ms.
+        #[arg(long)]
+        start_ms: Option<i64>,
     },
     /// Produce at a fixed rate for a while, event time = wall-clock time.
     Rate {
@@ -81,6 +91,10 @@ enum Command {
         /// The input's shape (bench/README.md, "Shapes").
         #[arg(long, value_enum, default_value_t)]
         shape: Shape,
+        /// The key space of a `fill --keys` before it: sessionizer events
+        /// of those users, joiner orders with ids from there on.
+        #[arg(long, default_value_t = 0)]
+        keys: u64,
     },
     /// Follow a system until its input is processed and its output final.
     Watch(WatchArgs),
@@ -96,15 +110,44 @@ enum Command {
     },
     /// Measure end-to-end latency on output topics.
     Latency(LatencyArgs),
-    /// Create topics with one partition and no retention limit.
+    /// Create topics with one partition and no retention limit, or delete
+    /// the topics of a finished run.
     Topics {
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(long, value_delimiter = ',', required_unless_present = "delete_prefix")]
         create: Vec<String>,
+        /// Delete every topic whose name starts with one of these.
+        #[arg(long, value_delimiter = ',')]
+        delete_prefix: Vec<String>,
     },
+}
+
+/// Which use cases have a keyed input (`--keys`), in fill and rate mode.
+fn check_keys(use_case: UseCase, keys: u64, live: bool) -> anyhow::Result<()> {
+    let supported = match use_case {
+        UseCase::Sessionizer | UseCase::OrderShipmentJoiner => true,
+        UseCase::WindowAggregator => !live,
+        UseCase::SensorFusion => false,
+    };
+    anyhow::ensure!(
+        keys == 0 || supported,
+        "--keys: no keyed {} input in {} mode",
+        use_case.name(),
+        if live { "rate" } else { "fill" }
+    );
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let checked = match &cli.command {
+        Command::Fill { use_case, keys, .. } => check_keys(*use_case, *keys, false),
+        Command::Rate { use_case, keys, .. } => check_keys(*use_case, *keys, true),
+        _ => Ok(()),
+    };
+    if let Err(error) = checked {
+        eprintln!("loadgen: {error:#}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Fill {
             use_case,
@@ -113,6 +156,8 @@ fn main() -> std::process::ExitCode {
             seed,
             shape,
             partitions,
+            keys,
+            start_ms,
         } => fill(
             &cli.cluster,
             use_case,
@@ -122,6 +167,8 @@ fn main() -> std::process::ExitCode {
                 seed,
                 live: false,
                 shape,
+                keys,
+                start_ms,
             },
             partitions,
         ),
@@ -132,6 +179,7 @@ fn main() -> std::process::ExitCode {
             seconds,
             seed,
             shape,
+            keys,
         } => produce_at_rate(
             &cli.cluster,
             use_case,
@@ -143,6 +191,8 @@ fn main() -> std::process::ExitCode {
                 seed,
                 live: true,
                 shape,
+                keys,
+                start_ms: None,
             },
         ),
         Command::Watch(args) => watch(&cli.cluster, args),
@@ -152,9 +202,17 @@ fn main() -> std::process::ExitCode {
             timeout_secs,
         } => wait_ready(&cli.cluster, &groups, pid, timeout_secs),
         Command::Latency(args) => latency(&cli.cluster, args),
-        Command::Topics { create } => {
-            runtime().and_then(|rt| create_topics(&cli.cluster, &rt, &create, 1))
-        }
+        Command::Topics {
+            create,
+            delete_prefix,
+        } => runtime().and_then(|rt| {
+            create_topics(&cli.cluster, &rt, &create, 1)?;
+            if !delete_prefix.is_empty() {
+                let deleted = delete_topics(&cli.cluster, &rt, &delete_prefix)?;
+                println!("{}", json!({ "deleted": deleted }));
+            }
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
