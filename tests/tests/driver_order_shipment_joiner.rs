@@ -817,10 +817,39 @@ fn expired_entries_leave_the_state(then: impl FnOnce(&mut TestDriver)) {
 /// interval join.
 #[test]
 fn a_hundred_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
+    match_a_nested_loop_join(100_000, &[], |_| {});
+}
+
+/// The same with memory for about 250 timers per task, where some 20 000
+/// orders per task are inside the window at any time: most expiry timers
+/// are spilled to RocksDB and loaded back as the watermark comes to them,
+/// through crashes that lose the local state and reload the timers.
+#[test]
+fn orders_spilled_beyond_the_memory_limit_join_and_expire_as_in_memory() {
+    let mut spilled_at_most = 0.0f64;
+    match_a_nested_loop_join(20_000, &["--state-memory-limit", "1"], |driver| {
+        let spilled = driver
+            .metrics()
+            .gauge(streams_runtime::metrics::TIMERS_SPILLED, &[]);
+        spilled_at_most = spilled_at_most.max(spilled);
+        driver.commit().unwrap();
+        driver.crash_losing_state().unwrap();
+    });
+    assert!(
+        spilled_at_most > 1_000.0,
+        "{spilled_at_most} timers spilled"
+    );
+}
+
+fn match_a_nested_loop_join(
+    count: i32,
+    flags: &[&str],
+    mut every_chunk: impl FnMut(&mut TestDriver),
+) {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let base = 1_692_000_000i64;
-    let mut orders: Vec<Order> = (0..100_000)
+    let mut orders: Vec<Order> = (0..count)
         .map(|id| order(id, base + rng.random_range(0..30 * DAY)))
         .collect();
     let mut shipments: Vec<Shipment> = Vec::new();
@@ -843,10 +872,16 @@ fn a_hundred_thousand_orders_over_three_partitions_match_a_nested_loop_join() {
         .collect();
     nested_loop.sort();
 
-    let mut driver = joiner(&[], 3);
+    let mut driver = joiner(flags, 3);
     let mut piper = RawPiper::new(3);
-    piper.pipe_orders(&mut driver, &orders);
-    piper.pipe_shipments(&mut driver, &shipments);
+    for chunk in orders.chunks(4_000) {
+        piper.pipe_orders(&mut driver, chunk);
+        every_chunk(&mut driver);
+    }
+    for chunk in shipments.chunks(4_000) {
+        piper.pipe_shipments(&mut driver, chunk);
+        every_chunk(&mut driver);
+    }
     settle(&mut driver);
     let output = output_by_partition(&driver, 3);
     let mut joined: Vec<(String, i64)> = output

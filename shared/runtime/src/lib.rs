@@ -67,6 +67,7 @@ mod task;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 pub mod time;
+pub mod timers;
 mod topics;
 pub mod topology;
 mod watermark;
@@ -86,7 +87,8 @@ pub use processor::{
     StateView, Timer, TimerName, ValueState,
 };
 pub use state::codec::MapKey;
-pub use time::{TimeDomain, NO_WATERMARK};
+pub use time::NO_WATERMARK;
+pub use timers::TimeDomain;
 pub use topology::{InputStream, StageLink, Topology};
 
 /// What a service's processor and topology code imports.
@@ -95,7 +97,8 @@ pub mod prelude {
         Completion, Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record,
         StateView, Timer, TimerName, ValueState,
     };
-    pub use crate::time::{TimeDomain, NO_WATERMARK};
+    pub use crate::time::NO_WATERMARK;
+    pub use crate::timers::TimeDomain;
     pub use crate::topology::{InputStream, StageLink, Topology};
     pub use crate::{
         counter_names, service_main, stores, timer_names, HumanDuration, Pipeline, RuntimeArgs,

@@ -62,8 +62,10 @@ pub const WATERMARK_LAG: &str = "streams_watermark_lag_seconds";
 pub const STATE_BYTES: &str = "streams_state_bytes";
 /// Estimated keys per store and task.
 pub const STATE_KEYS: &str = "streams_state_keys";
-/// Pending event-time timers, by task.
+/// Pending timers, by task (spilled ones included).
 pub const TIMERS_PENDING: &str = "streams_timers_pending";
+/// Pending timers beyond the task's memory budget, kept in its RocksDB.
+pub const TIMERS_SPILLED: &str = "streams_timers_spilled";
 /// Domain counters incremented by the processor, by name.
 pub const PROCESSOR_EVENTS: &str = "streams_processor_events_total";
 
@@ -138,6 +140,23 @@ impl PhaseTimes {
 /// One labelled sample.
 pub type Series = (&'static str, Vec<(&'static str, String)>);
 
+/// The values of the series of `name` whose labels include all of `labels`.
+fn matching<'a, V: Copy>(
+    series: &'a BTreeMap<Series, V>,
+    name: &'static str,
+    labels: &'a [(&'static str, &str)],
+) -> impl Iterator<Item = V> + 'a {
+    series
+        .iter()
+        .filter(move |((series, series_labels), _)| {
+            *series == name
+                && labels
+                    .iter()
+                    .all(|(key, value)| series_labels.iter().any(|(k, v)| k == key && v == value))
+        })
+        .map(|(_, value)| *value)
+}
+
 /// A point-in-time copy of every metric.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
@@ -163,21 +182,18 @@ impl Snapshot {
         self.gauges.insert((name, labels), value);
     }
 
+    /// Gauge `name` summed over every series whose labels include all of
+    /// `labels` (0 when none is set), like [`counter`](Self::counter).
+    pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &str)]) -> f64 {
+        matching(&self.gauges, name, labels).sum()
+    }
+
     /// Counter `name` summed over every series whose labels include all of
     /// `labels` (0 when none was counted), as a Prometheus `sum` would: with
     /// no labels, over every topic (or task, or stage); with a topic, over
     /// every stage that counts it.
     pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
-        self.counters
-            .iter()
-            .filter(|((series, series_labels), _)| {
-                *series == name
-                    && labels.iter().all(|(key, value)| {
-                        series_labels.iter().any(|(k, v)| k == key && v == value)
-                    })
-            })
-            .map(|(_, count)| count)
-            .sum()
+        matching(&self.counters, name, labels).sum()
     }
 
     /// Renders the Prometheus text exposition format.

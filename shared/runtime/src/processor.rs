@@ -27,7 +27,8 @@ use serde::Serialize;
 
 use crate::state::codec::{decode_value, split_map_key, MapKey};
 use crate::state::store::{StoreIndex, TaskStore};
-use crate::time::{TaskTimers, TimeDomain, NO_WATERMARK};
+use crate::time::NO_WATERMARK;
+use crate::timers::{TaskTimers, TimeDomain};
 pub use context::Context;
 
 /// Domain logic of a service.
@@ -145,16 +146,13 @@ impl<P: Processor> DerivedTimers<'_, P> {
     /// Sets the event-time timer `name` of `key` (see [`Context::set_timer`]).
     pub fn set_timer(&mut self, key: &str, name: P::Timers, time: i64) {
         self.timers
-            .queue_mut(TimeDomain::EventTime)
-            .set(key, name.name(), time);
+            .set(TimeDomain::EventTime, key, name.name(), time);
     }
 
     /// Sets the wall-clock timer `name` of `key` (see
     /// [`Context::set_wall_clock_timer`]).
     pub fn set_wall_clock_timer(&mut self, key: &str, name: P::Timers, at: i64) {
-        self.timers
-            .queue_mut(TimeDomain::WallClock)
-            .set(key, name.name(), at);
+        self.timers.set(TimeDomain::WallClock, key, name.name(), at);
     }
 }
 

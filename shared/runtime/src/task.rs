@@ -33,9 +33,8 @@ use crate::output::OutputEncoder;
 use crate::pool::WorkerPool;
 use crate::processor::{Context, Processor, Record, Timer, TimerName};
 use crate::state::store::{StoreIndex, TaskStore};
-use crate::time::{
-    task_watermark, Idleness, InputClock, TaskTimers, TimeDomain, TimerEntry, NO_WATERMARK,
-};
+use crate::time::{task_watermark, Idleness, InputClock, NO_WATERMARK};
+use crate::timers::{TaskTimers, TimeDomain, TimerEntry};
 use crate::topology::{PROGRESS_STORE, TIMER_STORE};
 use crate::watermark::{partition_watermark, Announcement};
 pub(crate) use progress::stored_positions;
@@ -171,7 +170,7 @@ impl<P: Processor> Task<P> {
             partition,
             processor,
             store,
-            timers: TaskTimers::default(),
+            timers: TaskTimers::in_memory(),
             clocks: Vec::new(),
             kinds: kinds.to_vec(),
             watermark: NO_WATERMARK,
@@ -265,6 +264,11 @@ impl<P: Processor> Task<P> {
         self.timers.len()
     }
 
+    /// Pending timers spilled to RocksDB, beyond the task's memory budget.
+    pub fn timers_spilled(&self) -> usize {
+        self.timers.spilled()
+    }
+
     /// Handles one decoded record of input `slot`; `stamp` is the watermark
     /// its writer had reached (shuffled inputs only).
     ///
@@ -348,14 +352,11 @@ impl<P: Processor> Task<P> {
         if env.time.idleness.is_on() {
             self.advance(env)?;
         }
-        while let Some(entry) = self
-            .timers
-            .queue_mut(TimeDomain::WallClock)
-            .pop_due(env.now.epoch_ms)
-        {
+        self.timers.set_budget(self.store.timer_budget());
+        while let Some(entry) = self.timers.pop_due(TimeDomain::WallClock, env.now.epoch_ms) {
             self.fire(env, TimeDomain::WallClock, entry)?;
         }
-        Ok(())
+        self.timers.check()
     }
 
     /// Runs `call` with the processor and a context over this task's state,
@@ -389,7 +390,7 @@ impl<P: Processor> Task<P> {
         for job in submitted {
             self.in_flight.push_back(env.jobs.run(job));
         }
-        result
+        result.and_then(|()| self.timers.check())
     }
 
     /// Whether jobs of this task are still running or waiting to complete.
@@ -441,14 +442,10 @@ impl<P: Processor> Task<P> {
         }
         self.watermark = candidate;
         self.clocks_dirty = true;
-        while let Some(entry) = self
-            .timers
-            .queue_mut(TimeDomain::EventTime)
-            .pop_due(self.watermark)
-        {
+        while let Some(entry) = self.timers.pop_due(TimeDomain::EventTime, self.watermark) {
             self.fire(env, TimeDomain::EventTime, entry)?;
         }
-        Ok(())
+        self.timers.check()
     }
 
     /// Removes a due timer from state and hands it to the processor.

@@ -66,6 +66,11 @@ impl<P: Processor> Engine<P> {
                 task.timers_pending() as f64,
             );
             snapshot.set(
+                metrics::TIMERS_SPILLED,
+                label(),
+                task.timers_spilled() as f64,
+            );
+            snapshot.set(
                 metrics::STATE_BYTES,
                 label(),
                 task.store.estimated_bytes() as f64,

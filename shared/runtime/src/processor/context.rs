@@ -16,7 +16,7 @@ use crate::collector::Collector;
 use crate::output::OutputEncoder;
 use crate::state::codec::{decode_value, encode_value, map_prefix, MapKey};
 use crate::state::store::{StoreIndex, TaskStore};
-use crate::time::{TaskTimers, TimeDomain, TimerEntry};
+use crate::timers::{TaskTimers, TimeDomain, TimerEntry};
 use crate::watermark::Announcement;
 
 /// What a processor may do while handling a record or a timer.
@@ -237,9 +237,7 @@ impl<P: Processor> Context<'_, P> {
 
     /// The time the event-time timer `name` of `key` is set for.
     pub fn timer(&self, key: &str, name: P::Timers) -> Option<i64> {
-        self.timers
-            .queue(TimeDomain::EventTime)
-            .get(key, name.name())
+        self.timers.get(TimeDomain::EventTime, key, name.name())
     }
 
     /// Sets the wall-clock timer `name` of `key` to fire once [`now`](Self::now)
@@ -256,14 +254,12 @@ impl<P: Processor> Context<'_, P> {
 
     /// The time the wall-clock timer `name` of `key` is set for.
     pub fn wall_clock_timer(&self, key: &str, name: P::Timers) -> Option<i64> {
-        self.timers
-            .queue(TimeDomain::WallClock)
-            .get(key, name.name())
+        self.timers.get(TimeDomain::WallClock, key, name.name())
     }
 
     fn set_in(&mut self, domain: TimeDomain, key: &str, name: P::Timers, time: i64) {
         let name = name.name();
-        let previous = self.timers.queue_mut(domain).set(key, name, time);
+        let previous = self.timers.set(domain, key, name, time);
         let Some(timer_store) = self.timer_store else {
             return;
         };
@@ -282,7 +278,7 @@ impl<P: Processor> Context<'_, P> {
 
     fn clear_in(&mut self, domain: TimeDomain, key: &str, name: P::Timers) {
         let name = name.name();
-        let previous = self.timers.queue_mut(domain).remove(key, name);
+        let previous = self.timers.remove(domain, key, name);
         if let (Some(previous), Some(timer_store)) = (previous, self.timer_store) {
             self.store.delete(
                 timer_store,

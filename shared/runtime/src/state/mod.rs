@@ -7,3 +7,4 @@ mod read_cache;
 mod resources;
 mod restore_batch;
 pub mod store;
+mod timer_spill;

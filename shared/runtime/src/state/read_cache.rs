@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::resources::ReadCacheBudget;
+use super::resources::MemoryShares;
 use super::store::StoreIndex;
 
 /// Committed values read or written recently, per store: two generations of
@@ -24,7 +24,7 @@ pub(super) struct ReadCache {
     older: Vec<FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
     /// Bytes in `recent`, over all stores.
     recent_bytes: usize,
-    budget: Arc<ReadCacheBudget>,
+    budget: Arc<MemoryShares>,
 }
 
 /// What a cached entry costs beyond its key and value: the map's slot, the
@@ -32,7 +32,7 @@ pub(super) struct ReadCache {
 const CACHE_ENTRY_OVERHEAD: usize = 64;
 
 impl ReadCache {
-    pub(super) fn new(stores: usize, budget: Arc<ReadCacheBudget>) -> Self {
+    pub(super) fn new(stores: usize, budget: Arc<MemoryShares>) -> Self {
         budget.tasks.fetch_add(1, Ordering::Relaxed);
         ReadCache {
             recent: vec![FxHashMap::default(); stores],
@@ -44,8 +44,7 @@ impl ReadCache {
 
     /// This task's share of the budget, per generation.
     fn generation_bytes(&self) -> usize {
-        let tasks = self.budget.tasks.load(Ordering::Relaxed).max(1);
-        self.budget.bytes / tasks / 2
+        self.budget.per_task(self.budget.read_cache_bytes) / 2
     }
 
     pub(super) fn get(&mut self, store: StoreIndex, key: &[u8]) -> Option<&Option<Vec<u8>>> {
@@ -89,8 +88,9 @@ mod tests {
     fn the_read_cache_keeps_recent_keys_and_forgets_old_ones_within_its_share() {
         // Room for 100 entries of an 8-byte key per generation.
         let entry = 8 + CACHE_ENTRY_OVERHEAD;
-        let budget = Arc::new(ReadCacheBudget {
-            bytes: 2 * 100 * entry,
+        let budget = Arc::new(MemoryShares {
+            read_cache_bytes: 2 * 100 * entry,
+            timer_bytes: 0,
             tasks: AtomicUsize::new(0),
         });
         let mut cache = ReadCache::new(2, budget.clone());

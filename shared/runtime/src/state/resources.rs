@@ -1,6 +1,6 @@
 //! The state memory and writer threads every task of the process shares.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager};
@@ -8,22 +8,32 @@ use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager};
 use crate::pool::WorkerPool;
 
 /// State memory shared by every task of the process: one RocksDB block
-/// cache, with memtables charged to it, and the tasks' read caches, so the
-/// whole process stays under one budget however many stores and tasks it has
-/// (a Kafka Streams pain point). And the threads that write committed
-/// changes to RocksDB.
+/// cache, with memtables charged to it, the tasks' read caches and their
+/// timers in memory, so the whole process stays under one budget however
+/// many stores, tasks and keys it has (a Kafka Streams pain point). And the
+/// threads that write committed changes to RocksDB.
 #[derive(Clone)]
 pub struct StateResources {
     cache: Cache,
     write_buffers: WriteBufferManager,
-    pub(super) read_caches: Arc<ReadCacheBudget>,
+    pub(super) shares: Arc<MemoryShares>,
     pub(super) writers: Arc<WorkerPool>,
 }
 
-/// The read caches' share of the budget, split evenly among open tasks.
-pub(super) struct ReadCacheBudget {
-    pub(super) bytes: usize,
+/// The read caches' and the timers' shares of the budget, each split evenly
+/// among open tasks.
+pub(super) struct MemoryShares {
+    pub(super) read_cache_bytes: usize,
+    pub(super) timer_bytes: usize,
+    /// Open tasks (each task's read cache counts itself).
     pub(super) tasks: AtomicUsize,
+}
+
+impl MemoryShares {
+    /// One task's part of `bytes`.
+    pub(super) fn per_task(&self, bytes: usize) -> usize {
+        bytes / self.tasks.load(Ordering::Relaxed).max(1)
+    }
 }
 
 impl StateResources {
@@ -31,14 +41,18 @@ impl StateResources {
     /// caches (values read or written recently, kept in front of RocksDB:
     /// 8 MiB a generation for one task at the default limit, about the
     /// 32 768 entries of ~200 bytes they held before they were counted in
-    /// bytes), the rest for RocksDB.
+    /// bytes), three sixteenths for timers in memory (about 190 000 at the
+    /// default limit; more are spilled to RocksDB: every key in state may
+    /// have one, so they need more room than the read cache), the rest for
+    /// RocksDB.
     ///
     /// `writers` threads write committed changes to RocksDB, one per
     /// processing thread is enough (each task has one write at a time); with
     /// none, each write is done at once on the processing thread.
     pub fn new(limit_bytes: usize, writers: usize) -> Self {
         let read_cache_bytes = limit_bytes / 16;
-        let rocksdb_bytes = limit_bytes - read_cache_bytes;
+        let timer_bytes = limit_bytes / 16 * 3;
+        let rocksdb_bytes = limit_bytes - read_cache_bytes - timer_bytes;
         let cache = Cache::new_lru_cache(rocksdb_bytes);
         let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
             rocksdb_bytes / 2,
@@ -48,8 +62,9 @@ impl StateResources {
         StateResources {
             cache,
             write_buffers,
-            read_caches: Arc::new(ReadCacheBudget {
-                bytes: read_cache_bytes,
+            shares: Arc::new(MemoryShares {
+                read_cache_bytes,
+                timer_bytes,
                 tasks: AtomicUsize::new(0),
             }),
             writers: Arc::new(WorkerPool::new("state-writer", writers)),

@@ -39,8 +39,10 @@ use serde::Serialize;
 use super::codec::{decode_value, encode_value};
 use super::layer::Layer;
 use super::read_cache::ReadCache;
+use super::resources::MemoryShares;
 pub use super::resources::StateResources;
 pub use super::restore_batch::RestoreBatch;
+use super::timer_spill::{TimerSpill, SPILLED_TIMERS};
 use crate::pool::WorkerPool;
 use commit::Applying;
 
@@ -128,6 +130,7 @@ pub struct TaskStore {
     /// keep their capacity: two sets of layers take turns).
     spare: Option<Vec<Changes>>,
     cache: ReadCache,
+    shares: Arc<MemoryShares>,
     writers: Arc<WorkerPool>,
 }
 
@@ -157,13 +160,14 @@ impl TaskStore {
             .filter(|name| {
                 name.as_str() != DEFAULT_FAMILY
                     && name.as_str() != CHECKPOINTS
+                    && name.as_str() != SPILLED_TIMERS
                     && !names.contains(name)
             })
             .collect();
         let families = names
             .iter()
             .map(String::as_str)
-            .chain([CHECKPOINTS])
+            .chain([CHECKPOINTS, SPILLED_TIMERS])
             .chain(unwanted.iter().map(|name| name.as_str()))
             .map(|name| ColumnFamilyDescriptor::new(name, options.clone()));
         let mut db = DB::open_cf_descriptors(&options, path, families)
@@ -219,9 +223,30 @@ impl TaskStore {
             sealed: empty_layers(names.len()),
             applying: None,
             spare: None,
-            cache: ReadCache::new(names.len(), resources.read_caches.clone()),
+            cache: ReadCache::new(names.len(), resources.shares.clone()),
+            shares: resources.shares.clone(),
             writers: resources.writers.clone(),
         }
+    }
+
+    /// This task's share of the memory for timers.
+    pub fn timer_budget(&self) -> usize {
+        self.shares.per_task(self.shares.timer_bytes)
+    }
+
+    /// Where this task's timers of `domain` beyond its timer budget go.
+    pub fn timer_spill(&self, domain: crate::timers::TimeDomain) -> TimerSpill {
+        TimerSpill::new(self.db.clone(), domain)
+    }
+
+    /// Forgets every spilled timer (the queue they belonged to is gone).
+    pub fn clear_spilled_timers(&self) -> anyhow::Result<()> {
+        let family = family(&self.db, SPILLED_TIMERS);
+        let mut options = rocksdb::WriteOptions::default();
+        options.disable_wal(true);
+        let mut batch = rocksdb::WriteBatch::default();
+        batch.delete_range_cf(family, [0u8].as_slice(), [0xffu8].as_slice());
+        Ok(self.db.write_opt(batch, &options)?)
     }
 
     /// The directory of this database.
@@ -461,7 +486,7 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -472,7 +497,7 @@ mod tests {
         assert_eq!(prefix_end(b""), None);
     }
 
-    pub(super) fn temp_store(names: &[&str]) -> (TaskStore, PathBuf) {
+    pub(in crate::state) fn temp_store(names: &[&str]) -> (TaskStore, PathBuf) {
         temp_store_with(names, &StateResources::new(8 << 20, 1))
     }
 

@@ -8,7 +8,8 @@ use super::{InputKind, Task};
 use crate::clock::Now;
 use crate::processor::{DerivedTimers, Processor, StateView, TimerName};
 use crate::state::store::{StoreIndex, TaskStore};
-use crate::time::{InputClock, PartitionClock, TaskTimers, TimerEntry, NO_WATERMARK};
+use crate::time::{InputClock, PartitionClock, NO_WATERMARK};
+use crate::timers::{TaskTimers, TimerEntry};
 use crate::topology::PROGRESS_STORE;
 
 const TASK_WATERMARK_KEY: &[u8] = b"T";
@@ -55,7 +56,12 @@ fn read_i64(store: &mut TaskStore, index: StoreIndex, key: &[u8]) -> anyhow::Res
 impl<P: Processor> Task<P> {
     /// (Re)loads timers and clocks from committed state.
     pub(super) fn load(&mut self, now: Now) -> anyhow::Result<()> {
-        let mut timers = TaskTimers::default();
+        // Spilled timers belong to the queue being replaced.
+        self.store.clear_spilled_timers()?;
+        let store = &self.store;
+        let mut timers = TaskTimers::spilling(store.timer_budget(), |domain| {
+            Box::new(store.timer_spill(domain))
+        });
         match self.timer_store {
             Some(timer_store) => self.store.for_each_committed(timer_store, |key, _| {
                 let stored = TimerEntry::from_store_key(key)?;
@@ -66,9 +72,7 @@ impl<P: Processor> Task<P> {
                         stored.name
                     )
                 })?;
-                timers
-                    .queue_mut(stored.domain)
-                    .set(stored.key, name.name(), stored.time);
+                timers.set(stored.domain, stored.key, name.name(), stored.time);
                 Ok(())
             })?,
             None => self
@@ -84,6 +88,7 @@ impl<P: Processor> Task<P> {
                     anyhow::anyhow!("task {}: deriving timers from state: {e:#}", self.partition)
                 })?,
         }
+        timers.check()?;
         self.timers = timers;
         let now = now.instant;
         self.clocks.clear();

@@ -321,7 +321,10 @@ pub(crate) fn driver_stage<P: Processor>(
         dir: env.dir.join(&application_id),
         partitions,
         // Writes at once, on the driver's thread: runs stay deterministic.
-        resources: StateResources::new(64 << 20, 0),
+        resources: StateResources::new(
+            usize::try_from(env.args.state_memory_limit << 20).unwrap_or(usize::MAX),
+            0,
+        ),
     };
     stage.open_tasks()?;
     Ok(Box::new(stage))

@@ -1,0 +1,230 @@
+//! Timers beyond a task's memory budget, in a column family of the task's
+//! RocksDB (see [`TimerQueue`](crate::timers::TimerQueue)).
+//!
+//! The family is the queue's extension, not state: no changelog, no write
+//! ahead log, cleared whenever the task loads its timers from committed
+//! state (they are derived from it, or loaded from the timer store). Its
+//! memtables and blocks count against the state budget like every store's.
+
+use std::sync::Arc;
+
+use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
+
+use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
+use crate::timers::{SpillStore, TimeDomain};
+
+/// The column family of spilled timers.
+pub(super) const SPILLED_TIMERS: &str = "__spilled_timers";
+
+/// Key prefixes: timers in firing order, and their times by key and name.
+const BY_TIME: u8 = b'T';
+const BY_KEY: u8 = b'K';
+
+/// The spilled timers of one time domain of a task.
+pub struct TimerSpill {
+    db: Arc<DB>,
+    domain: u8,
+    /// Where the earliest timer may be: timers before it were taken, and
+    /// the iterator starts here instead of stepping over their tombstones.
+    taken_up_to: Option<Vec<u8>>,
+}
+
+impl TimerSpill {
+    pub(super) fn new(db: Arc<DB>, domain: TimeDomain) -> Self {
+        TimerSpill {
+            db,
+            domain: domain.tag(),
+            taken_up_to: None,
+        }
+    }
+
+    fn family(&self) -> &rocksdb::ColumnFamily {
+        self.db
+            .cf_handle(SPILLED_TIMERS)
+            .expect("every task store has the spilled timers' family")
+    }
+
+    /// `prefix`, the domain, then `key` and `name` in an encoding that sorts
+    /// as the pair: the key's zero bytes escaped, then two zeros.
+    fn encode(&self, prefix: u8, time: Option<i64>, key: &str, name: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(2 + 8 + key.len() + 2 + name.len());
+        out.extend_from_slice(&[prefix, self.domain]);
+        if let Some(time) = time {
+            out.extend_from_slice(&i64_to_ordered_bytes(time));
+        }
+        for &byte in key.as_bytes() {
+            out.push(byte);
+            if byte == 0 {
+                out.push(0xff);
+            }
+        }
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(name.as_bytes());
+        out
+    }
+
+    fn write(&self, batch: WriteBatch) -> anyhow::Result<()> {
+        let mut options = WriteOptions::default();
+        options.disable_wal(true);
+        Ok(self.db.write_opt(batch, &options)?)
+    }
+}
+
+/// The time, key and name of a by-time key (after its two prefix bytes).
+fn decode_by_time(bytes: &[u8]) -> anyhow::Result<(i64, String, &str)> {
+    anyhow::ensure!(bytes.len() >= 2 + 8, "spilled timer key too short");
+    let time = i64_from_ordered_bytes(bytes[2..10].try_into()?);
+    let mut key = Vec::new();
+    let mut rest = &bytes[10..];
+    loop {
+        match rest {
+            [0, 0, name @ ..] => {
+                return Ok((time, String::from_utf8(key)?, std::str::from_utf8(name)?));
+            }
+            [0, 0xff, tail @ ..] => {
+                key.push(0);
+                rest = tail;
+            }
+            [byte, tail @ ..] if *byte != 0 => {
+                key.push(*byte);
+                rest = tail;
+            }
+            _ => anyhow::bail!("spilled timer key malformed"),
+        }
+    }
+}
+
+impl SpillStore for TimerSpill {
+    fn get(&self, key: &str, name: &str) -> anyhow::Result<Option<i64>> {
+        let by_key = self.encode(BY_KEY, None, key, name);
+        Ok(match self.db.get_pinned_cf(self.family(), by_key)? {
+            Some(time) => Some(i64_from_ordered_bytes(time.as_ref().try_into()?)),
+            None => None,
+        })
+    }
+
+    fn put(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()> {
+        let by_time = self.encode(BY_TIME, Some(time), key, name);
+        if self
+            .taken_up_to
+            .as_ref()
+            .is_some_and(|taken| by_time < *taken)
+        {
+            self.taken_up_to = None;
+        }
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.family(), &by_time, []);
+        batch.put_cf(
+            self.family(),
+            self.encode(BY_KEY, None, key, name),
+            i64_to_ordered_bytes(time),
+        );
+        self.write(batch)
+    }
+
+    fn delete(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()> {
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.family(), self.encode(BY_TIME, Some(time), key, name));
+        batch.delete_cf(self.family(), self.encode(BY_KEY, None, key, name));
+        self.write(batch)
+    }
+
+    fn take_earliest(
+        &mut self,
+        take: &mut dyn FnMut(i64, &str, &str) -> bool,
+    ) -> anyhow::Result<()> {
+        let mut options = ReadOptions::default();
+        options.set_iterate_lower_bound(
+            self.taken_up_to
+                .clone()
+                .unwrap_or_else(|| vec![BY_TIME, self.domain]),
+        );
+        options.set_iterate_upper_bound(vec![BY_TIME, self.domain + 1]);
+        let mut batch = WriteBatch::default();
+        let mut last_taken = None;
+        {
+            let mut iterator = self.db.raw_iterator_cf_opt(self.family(), options);
+            iterator.seek_to_first();
+            while let Some(by_time) = iterator.key() {
+                let (time, key, name) = decode_by_time(by_time)?;
+                if !take(time, &key, name) {
+                    break;
+                }
+                batch.delete_cf(self.family(), by_time);
+                batch.delete_cf(self.family(), self.encode(BY_KEY, None, &key, name));
+                last_taken = Some(by_time.to_vec());
+                iterator.next();
+            }
+            iterator.status()?;
+        }
+        self.write(batch)?;
+        if last_taken.is_some() {
+            self.taken_up_to = last_taken;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn by_time_keys_sort_as_time_key_name_and_decode_back() {
+        let (store, _dir) = crate::state::store::tests::temp_store(&[]);
+        let spill = store.timer_spill(TimeDomain::EventTime);
+        let timers = [
+            (-5, "z", "a"),
+            (7, "", "b"),
+            (7, "a", "a"),
+            (7, "a", "b"),
+            (7, "a\0", "a"),
+            (7, "a\0b", "a"),
+            (7, "ab", "a"),
+            (8, "a", "a"),
+        ];
+        let keys: Vec<Vec<u8>> = timers
+            .iter()
+            .map(|&(time, key, name)| spill.encode(BY_TIME, Some(time), key, name))
+            .collect();
+        assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
+        for (bytes, &(time, key, name)) in keys.iter().zip(&timers) {
+            assert_eq!(decode_by_time(bytes).unwrap(), (time, key.to_owned(), name));
+        }
+    }
+
+    #[test]
+    fn timers_come_back_in_order_and_a_clear_forgets_them() {
+        let (store, _dir) = crate::state::store::tests::temp_store(&[]);
+        let mut spill = store.timer_spill(TimeDomain::EventTime);
+        let mut wall_clock = store.timer_spill(TimeDomain::WallClock);
+        wall_clock.put(1, "w", "a").unwrap();
+        for (time, key) in [(30, "c"), (10, "a"), (20, "b"), (40, "d")] {
+            spill.put(time, key, "t").unwrap();
+        }
+        spill.delete(20, "b", "t").unwrap();
+        assert_eq!(spill.get("c", "t").unwrap(), Some(30));
+        assert_eq!(spill.get("b", "t").unwrap(), None);
+        let mut taken = Vec::new();
+        spill
+            .take_earliest(&mut |time, key, _| {
+                taken.push((time, key.to_owned()));
+                taken.len() < 2
+            })
+            .unwrap();
+        assert_eq!(taken, [(10, "a".to_owned()), (30, "c".to_owned())]);
+        assert_eq!(spill.get("a", "t").unwrap(), None, "taken");
+        assert_eq!(spill.get("c", "t").unwrap(), Some(30), "declined");
+        spill.put(5, "e", "t").unwrap();
+        let mut rest = Vec::new();
+        spill
+            .take_earliest(&mut |time, _, _| {
+                rest.push(time);
+                true
+            })
+            .unwrap();
+        assert_eq!(rest, [5, 30, 40], "one put before the last take");
+        store.clear_spilled_timers().unwrap();
+        assert_eq!(wall_clock.get("w", "a").unwrap(), None);
+    }
+}
