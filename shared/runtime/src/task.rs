@@ -141,7 +141,11 @@ pub(crate) struct Task<P: Processor> {
     timer_store: Option<StoreIndex>,
     progress_store: StoreIndex,
     pub counters: BTreeMap<&'static str, u64>,
-    buffers: Vec<VecDeque<Pending<P::Input>>>,
+    /// Per input, the entries consumed and waiting, each with what it is
+    /// counted as in memory (see [`Task::enqueue`]).
+    buffers: Vec<VecDeque<(Pending<P::Input>, usize)>>,
+    /// Per input, the memory its waiting entries are counted as.
+    buffered_bytes: Vec<usize>,
     /// Per input, since when a record of another input has been waiting for
     /// it (see [`Task::next_ready`]).
     waiting_since: Vec<Option<std::time::Instant>>,
@@ -179,6 +183,7 @@ impl<P: Processor> Task<P> {
             progress_store,
             counters: BTreeMap::new(),
             buffers: kinds.iter().map(|_| VecDeque::new()).collect(),
+            buffered_bytes: vec![0; kinds.len()],
             waiting_since: vec![None; kinds.len()],
             stamp_watermark: NO_WATERMARK,
             announced: None,
@@ -188,14 +193,19 @@ impl<P: Processor> Task<P> {
         Ok(task)
     }
 
-    /// Queues a consumed entry of input `slot`.
-    pub fn enqueue(&mut self, slot: usize, entry: Pending<P::Input>) {
-        self.buffers[slot].push_back(entry);
+    /// Queues a consumed entry of input `slot`, which came as `wire_bytes`
+    /// of key and value: it is counted as those (a decoded record's strings
+    /// and bytes are about its wire size) and the entry itself.
+    pub fn enqueue(&mut self, slot: usize, entry: Pending<P::Input>, wire_bytes: usize) {
+        let bytes = std::mem::size_of::<Pending<P::Input>>() + wire_bytes;
+        self.buffered_bytes[slot] += bytes;
+        self.buffers[slot].push_back((entry, bytes));
     }
 
-    /// Entries of input `slot` consumed and not yet handled.
-    pub fn buffered(&self, slot: usize) -> usize {
-        self.buffers[slot].len()
+    /// The memory the entries of input `slot` consumed and not yet handled
+    /// are counted as.
+    pub fn buffered_bytes(&self, slot: usize) -> usize {
+        self.buffered_bytes[slot]
     }
 
     /// Entries of every input consumed and not yet handled.
@@ -220,7 +230,7 @@ impl<P: Processor> Task<P> {
     ) -> Option<(usize, Pending<P::Input>)> {
         let mut best: Option<(usize, i64)> = None;
         for (slot, buffer) in self.buffers.iter().enumerate() {
-            if let Some(head) = buffer.front() {
+            if let Some((head, _)) = buffer.front() {
                 self.waiting_since[slot] = None;
                 if best.is_none_or(|(_, time)| head.order_time() < time) {
                     best = Some((slot, head.order_time()));
@@ -240,13 +250,16 @@ impl<P: Processor> Task<P> {
                 return None;
             }
         }
-        self.buffers[slot].pop_front().map(|entry| (slot, entry))
+        let (entry, bytes) = self.buffers[slot].pop_front()?;
+        self.buffered_bytes[slot] -= bytes;
+        Some((slot, entry))
     }
 
     /// Drops uncommitted changes and returns to the last committed state.
     pub fn rollback(&mut self, now: Now) -> anyhow::Result<()> {
         self.in_flight.clear();
         self.buffers.iter_mut().for_each(VecDeque::clear);
+        self.buffered_bytes.fill(0);
         self.waiting_since.fill(None);
         self.announced = None;
         self.store.discard_uncommitted()?;

@@ -92,6 +92,12 @@ pub(crate) fn group_consumer_config(
     if config.get("queued.min.messages").is_none() {
         config.set("queued.min.messages", "10000");
     }
+    // And the prefetch of all partitions together stays within
+    // CONSUMER_PREFETCH_KIB (librdkafka: 64 MiB), a memory limit of its own
+    // beside `--state-memory-limit` (docs/architecture.md, "Memory").
+    if config.get("queued.max.messages.kbytes").is_none() {
+        config.set("queued.max.messages.kbytes", CONSUMER_PREFETCH_KIB);
+    }
     match protocol {
         // Range hands out equal-numbered partitions of co-partitioned topics
         // together: the co-location every task needs.
@@ -126,6 +132,10 @@ pub(crate) fn changelog_reader_config(base: &ClientConfig, group_id: String) -> 
     config
 }
 
+/// What librdkafka may hold prefetched for one consumer, in KiB: a few
+/// thousand records per partition for a handful of partitions.
+const CONSUMER_PREFETCH_KIB: &str = "16384";
+
 /// librdkafka stops fetching a partition once its prefetch queue holds
 /// `queued.min.messages` records, and by default then waits a whole second
 /// (`fetch.queue.backoff.ms`) before it looks again. A stage that processes
@@ -134,7 +144,7 @@ pub(crate) fn changelog_reader_config(base: &ClientConfig, group_id: String) -> 
 /// a few milliseconds keeps the queue filled. A value set with `--kafka` wins.
 ///
 /// Likewise `fetch.wait.max.ms`: a partition resumed after a pause (see
-/// `MAX_BUFFERED` in `engine/kafka_stage/run_loop.rs`) is fetched only by the next
+/// `MERGE_BUFFER_BYTES` in `engine/kafka_stage/run_loop.rs`) is fetched only by the next
 /// fetch request to its broker, and the one in flight may be parked there
 /// for that long when the other partitions have nothing new (the joiner's
 /// repartition topic between two upstream commits); with small pause bounds

@@ -100,6 +100,13 @@ pub struct Outgoing<'a> {
     pub tag: usize,
 }
 
+/// What librdkafka may hold produced and unacknowledged for one producer,
+/// in KiB (librdkafka: 1 GiB), a memory limit of its own beside
+/// `--state-memory-limit` (docs/architecture.md, "Memory"): several commit
+/// intervals of output at full speed; a full queue makes the stage wait
+/// for acknowledgements.
+const PRODUCER_QUEUE_KIB: &str = "16384";
+
 impl Delivery {
     /// A producer; transactional (and initialised, fencing any previous
     /// incarnation) when `transactional_id` is set.
@@ -115,7 +122,11 @@ impl Delivery {
         // under at-least-once every millisecond shows in the reader's p99
         // (both measured: BENCHMARKS.md history).
         let linger_ms = if transactional_id.is_some() { "5" } else { "1" };
-        for (key, value) in [("linger.ms", linger_ms), ("compression.type", "lz4")] {
+        for (key, value) in [
+            ("linger.ms", linger_ms),
+            ("compression.type", "lz4"),
+            ("queue.buffering.max.kbytes", PRODUCER_QUEUE_KIB),
+        ] {
             if config.get(key).is_none() {
                 config.set(key, value);
             }

@@ -22,16 +22,17 @@ impl<P: Processor> Engine<P> {
         self.tasks.contains_key(&partition)
     }
 
-    /// Records of `subscription`'s partition `partition` consumed into its
-    /// task and not yet handled (0 for a topic that feeds no task).
-    pub fn buffered(&self, subscription: usize, partition: i32) -> usize {
+    /// The memory the records of `subscription`'s partition `partition`
+    /// consumed into its task and not yet handled are counted as (0 for a
+    /// topic that feeds no task).
+    pub fn buffered_bytes(&self, subscription: usize, partition: i32) -> usize {
         let slot = match self.subscriptions[subscription].route {
             Route::Task { slot } | Route::Shuffled { slot } => slot,
             Route::Rekey { .. } => return 0,
         };
         self.tasks
             .get(&partition)
-            .map_or(0, |task| task.buffered(slot))
+            .map_or(0, |task| task.buffered_bytes(slot))
     }
 
     /// Records consumed and no longer waiting in a task's buffer: processed,

@@ -274,6 +274,7 @@ impl<P: Processor> Engine<P> {
             self.positions.insert((subscription, partition), offset + 1);
             return Ok(());
         }
+        let wire_bytes = message.key.map_or(0, <[u8]>::len) + message.value.map_or(0, <[u8]>::len);
         let (slot, entry) = match self.subscriptions[subscription].route {
             Route::Rekey { slot } => {
                 self.positions.insert((subscription, partition), offset + 1);
@@ -323,7 +324,7 @@ impl<P: Processor> Engine<P> {
                 }
             },
         };
-        self.enqueue(partition, slot, entry)?;
+        self.enqueue(partition, slot, entry, wire_bytes)?;
         self.drain(partition, flush)
     }
 
@@ -332,6 +333,7 @@ impl<P: Processor> Engine<P> {
         partition: i32,
         slot: usize,
         entry: Pending<P::Input>,
+        wire_bytes: usize,
     ) -> anyhow::Result<()> {
         let Some(task) = self.tasks.get_mut(&partition) else {
             anyhow::bail!(
@@ -339,7 +341,7 @@ impl<P: Processor> Engine<P> {
                 self.subscriptions[entry.origin().topic_index].topic
             );
         };
-        task.enqueue(slot, entry);
+        task.enqueue(slot, entry, wire_bytes);
         Ok(())
     }
 

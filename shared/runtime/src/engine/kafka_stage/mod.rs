@@ -69,8 +69,9 @@ pub(crate) struct KafkaStage<P: Processor> {
     owned: HashSet<(usize, i32)>,
     /// Tasks of which only some partitions are owned (paused).
     incomplete: BTreeSet<i32>,
-    /// Task input partitions paused because their task has
-    /// [`MAX_BUFFERED`] records of them waiting (see [`Self::apply_backpressure`]).
+    /// Task input partitions paused because their task has their part of
+    /// [`MERGE_BUFFER_BYTES`](run_loop::MERGE_BUFFER_BYTES) waiting (see
+    /// [`Self::apply_backpressure`]).
     backpressured: HashSet<(usize, i32)>,
     /// An error raised inside a rebalance callback, surfaced by the loop.
     fatal: Option<anyhow::Error>,
@@ -101,8 +102,9 @@ pub(crate) struct KafkaStageParts<P: Processor> {
 }
 
 /// Bytes of held outputs (exactly-once, a commit in flight) past which the
-/// thread stops processing and waits for the commit.
-const MAX_HELD_BYTES: usize = 64 << 20;
+/// thread stops processing and waits for the commit: a commit takes tens
+/// of milliseconds, in which a thread produces a few MiB at most.
+pub(crate) const MAX_HELD_BYTES: usize = 16 << 20;
 
 /// The Kafka headers of a collected record.
 fn kafka_headers(record: &RecordView<'_>) -> Option<OwnedHeaders> {

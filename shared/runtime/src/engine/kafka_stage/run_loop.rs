@@ -12,21 +12,24 @@ use super::{send, GroupConsumer, KafkaStage};
 use crate::metrics::Phase;
 use crate::processor::Processor;
 
-/// Records of one task input consumed and waiting in the task (a merge
-/// waiting for its other input, or a drain that yielded to a commit) past
-/// which the input's partition is paused; it is resumed once half of them
-/// are handled. Without this bound an input that runs ahead of a slow one
-/// (a backlog beside a repartition topic, which delivers only as each
-/// upstream transaction commits) would be read into memory whole.
+/// Memory of the records consumed and waiting in the tasks of one stage
+/// thread (a merge waiting for its other input, or a drain that yielded to
+/// a commit), split evenly among the task inputs it owns: an input past its
+/// part is paused, and resumed once half of it is handled. Without this
+/// bound an input that runs ahead of a slow one (a backlog beside a
+/// repartition topic, which delivers only as each upstream transaction
+/// commits) would be read into memory whole. A limit of its own, beside
+/// `--state-memory-limit` (docs/architecture.md, "Memory").
 ///
-/// Kafka Streams pauses at 1 000 (`buffered.records.per.partition`), but
-/// librdkafka, unlike the Java consumer, drops what it has prefetched for a
-/// partition when it is paused and fetches it again on resume; one fetch
-/// brings tens of thousands of small records per partition. A bound near one
+/// Kafka Streams pauses at 1 000 records (`buffered.records.per.partition`),
+/// but librdkafka, unlike the Java consumer, drops what it has prefetched
+/// for a partition when it is paused and fetches it again on resume; one
+/// fetch brings thousands of small records per partition. A bound near one
 /// fetch cost sensor-fusion, whose two inputs arrive in such fetches, a
-/// third of its records/s (BENCHMARKS.md history). So the bound is far above
-/// a fetch and acts only on a real backlog.
-const MAX_BUFFERED: usize = 100_000;
+/// third of its records/s (BENCHMARKS.md history). So the bound is many
+/// fetches (tens of thousands of records for one or two partitions) and
+/// acts only on a real backlog.
+pub(crate) const MERGE_BUFFER_BYTES: usize = 16 << 20;
 
 /// Records handled between two checks of timers, idleness and the commit interval.
 const MAX_BATCH: usize = 1_000;
@@ -59,19 +62,21 @@ impl<P: Processor> KafkaStage<P> {
         self.apply_backpressure(consumer)
     }
 
-    /// Pauses each task input partition with [`MAX_BUFFERED`] records
-    /// waiting in its task, and resumes those paused here once half of
-    /// them are handled. (Partitions of incomplete tasks are paused for
-    /// another reason and never counted here: their tasks buffer nothing.)
+    /// Pauses each task input partition whose records waiting in its task
+    /// fill its part of [`MERGE_BUFFER_BYTES`], and resumes those paused
+    /// here once half of it is handled. (Partitions of incomplete tasks are
+    /// paused for another reason and never counted here: their tasks buffer
+    /// nothing.)
     pub(super) fn apply_backpressure(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let mut pause = Vec::new();
         let mut resume = Vec::new();
+        let part = MERGE_BUFFER_BYTES / self.owned.len().max(1);
         for &key @ (subscription, partition) in &self.owned {
-            let buffered = self.engine.buffered(subscription, partition);
+            let buffered = self.engine.buffered_bytes(subscription, partition);
             let paused = self.backpressured.contains(&key);
-            if !paused && buffered >= MAX_BUFFERED {
+            if !paused && buffered >= part {
                 pause.push(key);
-            } else if paused && buffered <= MAX_BUFFERED / 2 {
+            } else if paused && buffered <= part / 2 {
                 resume.push(key);
             }
         }
