@@ -79,7 +79,8 @@ pub struct RuntimeArgs {
     pub commit_interval: HumanDuration,
 
     /// Memory shared by all tasks' state, in MiB: RocksDB's block cache and
-    /// write buffers (15/16) and the read caches in front of them (1/16);
+    /// write buffers (12/16), the read caches in front of them (1/16) and
+    /// the timers kept in memory (3/16; later ones are spilled to RocksDB);
     /// one budget for the process, whatever its threads and stages.
     #[arg(long, env = "STATE_MEMORY_LIMIT_MB", default_value_t = 256)]
     pub state_memory_limit: u64,
