@@ -532,6 +532,29 @@ impl InternalReader {
         self.committed.push(committed);
     }
 
+    /// Whether the reader has committed the whole topic as it is now: one
+    /// offset short per partition allowed, the transaction marker after the
+    /// last records of a transactional writer.
+    fn drained(&self) -> bool {
+        let Some(list) = &self.partitions else {
+            return false;
+        };
+        let mut end = 0i64;
+        for element in list.elements() {
+            match self.consumer.fetch_watermarks(
+                &self.topic,
+                element.partition(),
+                Duration::from_secs(5),
+            ) {
+                Ok((_, high)) => end += high - 1,
+                Err(_) => return false,
+            }
+        }
+        self.committed
+            .last()
+            .is_some_and(|&committed| committed >= end)
+    }
+
     /// The input records the last stage has taken in, per sample: the
     /// committed share of the topic (whose end is final once the system
     /// is done) times the input's records.
@@ -680,7 +703,12 @@ fn watch(cluster: &Cluster, args: WatchArgs) -> anyhow::Result<()> {
         }
         if let (Some(done), Some(changed)) = (inputs_done, output_changed) {
             let last = if changed.at > done.at { changed } else { done };
-            if at.duration_since(last.at) >= Duration::from_millis(args.quiet_ms) {
+            // A last stage that stalls for the quiet time (a long commit,
+            // a compaction) has not finished: its internal topic must be
+            // read to its end too.
+            if at.duration_since(last.at) >= Duration::from_millis(args.quiet_ms)
+                && readers.iter().all(InternalReader::drained)
+            {
                 let first = first.expect("progress seen before completion");
                 let timed = input_total - first.processed;
                 let wall = last.at.duration_since(first.at).as_secs_f64();
