@@ -615,6 +615,17 @@ fn global_windows_over_four_partitions_match_a_model_of_the_rules() {
 /// group's in window order, and its late count.
 #[test]
 fn grouped_by_customer_over_four_partitions_match_a_model_of_the_rules() {
+    grouped_by_customer_over_four_partitions(&[]);
+}
+
+/// The same with `--pre-aggregate`: the partial tasks sum their orders per
+/// window and group in state before the shuffle, with the same rows.
+#[test]
+fn grouped_and_pre_aggregated_over_four_partitions_match_a_model_of_the_rules() {
+    grouped_by_customer_over_four_partitions(&["--pre-aggregate"]);
+}
+
+fn grouped_by_customer_over_four_partitions(extra: &[&str]) {
     let rules = WindowRules {
         size: 2_000,
         advance: 1_000,
@@ -628,7 +639,7 @@ fn grouped_by_customer_over_four_partitions_match_a_model_of_the_rules() {
         expected.rows.iter().any(|row| row["key"].is_null()),
         "the null customer is a group of its own"
     );
-    let mut driver = start_with_rules(rules, &[]);
+    let mut driver = start_with_rules(rules, extra);
     run_orders(&mut driver, &orders, 1_000);
     let output = lines(&driver, OUTPUT);
     assert_same_records(&output, &expected.rows, "grouped rows");

@@ -23,6 +23,13 @@ pub struct Settings {
     #[arg(long, env = "GROUP_BY", value_enum)]
     pub group_by: Option<GroupField>,
 
+    /// With `--group-by`, sum each partial task's orders per window and group
+    /// before the shuffle (one record per window, group and task instead of
+    /// one per order and window): fewer records when groups repeat within a
+    /// window, at the cost of state work on every order when they do not.
+    #[arg(long, env = "PRE_AGGREGATE")]
+    pub pre_aggregate: bool,
+
     /// Marketplace orders topic.
     #[arg(long, env = "INPUT_TOPIC", default_value = "orders-marketplace")]
     pub input_topic: String,

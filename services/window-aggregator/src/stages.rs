@@ -4,7 +4,7 @@
 //!   hopping window that contains it and has not ended by the watermark
 //!   (Flink's rule; an order that fits no such window is late). When the
 //!   task watermark reaches a window's end, the window's aggregate goes to
-//!   the `window-partials` link, keyed by group.
+//!   the `window-partials` link, keyed by group (or at once, below).
 //! * **final** (`<app-id>-final`): merges the partials of each window and
 //!   emits the result once its watermark — the minimum of every partial
 //!   task's announced watermark, that is of every input partition's —
@@ -12,9 +12,13 @@
 //!
 //! Without `--group-by` the link has one partition, so one final task sees
 //! every partial (a global aggregate). With it, the link has the input's
-//! partition count and each group's partials meet in one final task;
-//! pre-aggregating before the shuffle sends one record per window and
-//! group per task instead of one per order.
+//! partition count and each group's partials meet in one final task.
+//! Pre-aggregating before the shuffle sends one record per window and group
+//! per task instead of one per order and window: always without
+//! `--group-by`, and with it only under `--pre-aggregate` (few groups). With
+//! many groups each has about one order per window, so the partial stage
+//! forwards each order's share of its open windows at once, as a partial of
+//! one order, and keeps no state.
 //!
 //! A task sends a window's partial before it announces a watermark at or
 //! past the window's end, so the final stage has every partial of a window
@@ -24,6 +28,7 @@
 use streams_runtime::prelude::*;
 use streams_runtime::window::{hopping_starts, tumbling_start};
 
+use crate::accumulator::Accumulator;
 use crate::model::{MarketplaceOrder, OrderWindowCount, WindowPartial, WINDOW_PARTIAL_SCHEMA};
 use crate::open_windows::{OpenWindows, WindowTimer, STORES};
 use crate::settings::{GroupField, Settings, WindowShape};
@@ -64,6 +69,7 @@ pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
         PartialAggregator {
             shape,
             group_by: settings.group_by,
+            pre_aggregate: settings.group_by.is_none() || settings.pre_aggregate,
             windows,
         },
     )
@@ -81,11 +87,16 @@ fn group_of_key(key: &str) -> Option<&str> {
     key.strip_prefix('=')
 }
 
-/// Stage one: per-task aggregates of each window.
+/// Stage one: per-task aggregates of each window, or with `--group-by`
+/// (unless `--pre-aggregate`) each order's share of its open windows as it
+/// comes.
 #[derive(Debug, Clone)]
 pub struct PartialAggregator {
     shape: WindowShape,
     group_by: Option<GroupField>,
+    /// Whether orders are summed in state until their windows end, rather
+    /// than forwarded at once as partials of one order.
+    pre_aggregate: bool,
     windows: OpenWindows,
 }
 
@@ -106,6 +117,20 @@ impl Processor for PartialAggregator {
         let size = self.shape.size;
         let open = hopping_starts(record.event_time, size, self.shape.advance)
             .filter(|start| start + size > watermark);
+        if !self.pre_aggregate {
+            // Sent before any watermark this task announces after the order,
+            // so still before the window can close in the final stage.
+            let mut window = Accumulator::default();
+            window.add(&order);
+            let group = group_of_key(&key).map(str::to_string);
+            for start in open {
+                ctx.emit(
+                    Some(&key),
+                    &window.to_partial(start, start + size, group.clone()),
+                )?;
+            }
+            return Ok(());
+        }
         self.windows
             .update(ctx, &key, open, |window| window.add(&order))
     }
