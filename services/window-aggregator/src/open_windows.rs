@@ -47,26 +47,40 @@ impl OpenWindows {
         starts: impl IntoIterator<Item = i64>,
         mut update: impl FnMut(&mut Accumulator),
     ) -> anyhow::Result<()> {
-        let earliest_end = ctx.update(&OPEN_WINDOWS, key, |slot| {
+        let size = self.size;
+        let apply = |slot: &mut Option<BTreeMap<i64, Accumulator>>| {
             let windows = slot.get_or_insert_with(BTreeMap::new);
             let mut earliest_end = None::<i64>;
             for start in starts {
                 update(windows.entry(start).or_default());
-                let end = start + self.size;
+                let end = start + size;
                 earliest_end = Some(earliest_end.map_or(end, |e| e.min(end)));
             }
             if windows.is_empty() {
                 *slot = None;
             }
             earliest_end
-        })?;
+        };
+        // A key has open windows exactly while its flush timer is set (see
+        // `derive_timers`): without one there is nothing to read, and a new
+        // key, most of them with many groups, costs no state lookup (which
+        // misses the read cache and goes to RocksDB).
+        let timer = ctx.timer(key, WindowTimer::Flush);
+        let earliest_end = match timer {
+            Some(_) => ctx.update(&OPEN_WINDOWS, key, apply)?,
+            None => {
+                let mut slot = None;
+                let earliest_end = apply(&mut slot);
+                if let Some(windows) = &slot {
+                    ctx.put(&OPEN_WINDOWS, key, windows)?;
+                }
+                earliest_end
+            }
+        };
         let Some(earliest_end) = earliest_end else {
             return Ok(());
         };
-        if ctx
-            .timer(key, WindowTimer::Flush)
-            .is_none_or(|at| at > earliest_end)
-        {
+        if timer.is_none_or(|at| at > earliest_end) {
             ctx.set_timer(key, WindowTimer::Flush, earliest_end);
         }
         Ok(())
