@@ -12,9 +12,18 @@
 //! then offsets committed synchronously. No state, no timers, no watermarks:
 //! whatever a service spends beyond this is its processing.
 //!
+//! `--repartition-through TOPIC` (order-shipment-joiner only) moves the bytes
+//! the joiner moves instead of copying each input: the orders are read and
+//! decoded but not written (the joiner keeps them in state), the shipments
+//! are re-keyed by order id into `TOPIC` (the wire-format bytes unchanged,
+//! as the joiner's `shipments-by-order` repartition topic), read back by the
+//! same consumer in the same transactions, decoded and written as one row per
+//! shipment to the second output. That copy is the joiner's ceiling.
+//!
 //! Runs until killed.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use bench_loadgen::kafka::Cluster;
@@ -24,7 +33,7 @@ use bench_loadgen::records::{
 use bench_loadgen::UseCase;
 use clap::Parser;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -57,11 +66,29 @@ struct Args {
     processing_guarantee: ProcessingGuarantee,
     #[arg(long, default_value = "100ms")]
     commit_interval: HumanDuration,
+    /// order-shipment-joiner only: re-key the shipments by order id through
+    /// this topic (which must exist) and copy them from there; the orders
+    /// are decoded and not written.
+    #[arg(long)]
+    repartition_through: Option<String>,
+}
+
+/// Where a consumed record goes.
+#[derive(Clone, Copy)]
+enum Route {
+    /// Decoded, encoded and written to this output.
+    Copy(usize),
+    /// Decoded and dropped (the joiner's orders, which it keeps in state).
+    Decode(usize),
+    /// Decoded for its new key and forwarded unchanged to the repartition topic.
+    Rekey,
 }
 
 /// Decodes one input's values and encodes them for its output.
 trait Lane {
     fn copy(&mut self, registry: &Registry, bytes: &[u8], out: &mut Vec<u8>) -> anyhow::Result<()>;
+    /// Decodes only, as a service decodes what it keeps in state.
+    fn decode(&mut self, registry: &Registry, bytes: &[u8]) -> anyhow::Result<()>;
 }
 
 struct TypedLane<T> {
@@ -77,6 +104,13 @@ impl<T: DeserializeOwned + Serialize> Lane for TypedLane<T> {
             .map_err(|e| anyhow::anyhow!("undecodable input: {e}"))?;
         out.clear();
         self.encoder.append_to(&record, out)
+    }
+
+    fn decode(&mut self, registry: &Registry, bytes: &[u8]) -> anyhow::Result<()> {
+        self.decoder
+            .decode(registry, bytes, &|| false)
+            .map_err(|e| anyhow::anyhow!("undecodable input: {e}"))?;
+        Ok(())
     }
 }
 
@@ -128,6 +162,22 @@ fn run(args: Args) -> anyhow::Result<()> {
         });
     }
 
+    // Every subscribed topic's route, and the re-keying decoder of the joiner
+    // shape (the joiner decodes a shipment for its key, then again after the
+    // repartition topic).
+    let mut topics: Vec<&str> = args.inputs.iter().map(String::as_str).collect();
+    let mut routes: Vec<Route> = (0..topics.len()).map(Route::Copy).collect();
+    let mut rekey = None;
+    if let Some(through) = &args.repartition_through {
+        anyhow::ensure!(
+            args.use_case == UseCase::OrderShipmentJoiner,
+            "--repartition-through is the joiner's shape: order-shipment-joiner only"
+        );
+        routes = vec![Route::Decode(0), Route::Rekey, Route::Copy(1)];
+        topics.push(through);
+        rekey = Some(AvroDecoder::<Shipment>::new(leak_schema(schemas[1])?));
+    }
+
     // The services' consumer settings (shared/runtime/src/startup.rs).
     let mut consumer_config = args.cluster.client_config();
     consumer_config
@@ -143,7 +193,6 @@ fn run(args: Args) -> anyhow::Result<()> {
         .set("max.partition.fetch.bytes", "262144")
         .set("queued.min.messages", "10000");
     let consumer: BaseConsumer = consumer_config.create()?;
-    let topics: Vec<&str> = args.inputs.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
 
     let exactly_once = args.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2;
@@ -156,6 +205,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut phases = PhaseTimes::default();
     let mut offsets: HashMap<(usize, i32), i64> = HashMap::new();
     let mut payload = Vec::with_capacity(256);
+    let mut key = String::new();
+    let mut rekeyed_max: HashMap<i32, i64> = HashMap::new();
     let mut last_commit = Instant::now();
     loop {
         let mut timeout = Duration::from_millis(20);
@@ -165,21 +216,59 @@ fn run(args: Args) -> anyhow::Result<()> {
             };
             timeout = Duration::ZERO;
             let message = polled?;
-            let input = args
-                .inputs
+            let input = topics
                 .iter()
-                .position(|t| t == message.topic())
+                .position(|t| *t == message.topic())
                 .ok_or_else(|| anyhow::anyhow!("unexpected topic {}", message.topic()))?;
             let bytes = message.payload().unwrap_or_default();
-            lanes[input].copy(&registry, bytes, &mut payload)?;
-            delivery.send(Outgoing {
-                topic: &args.outputs[input],
-                partition: None,
-                key: message.key(),
-                payload: Some(&payload),
-                headers: None,
-                tag: UNTRACKED,
-            });
+            match routes[input] {
+                Route::Copy(lane) => {
+                    lanes[lane].copy(&registry, bytes, &mut payload)?;
+                    delivery.send(Outgoing {
+                        topic: &args.outputs[lane],
+                        partition: None,
+                        key: message.key(),
+                        payload: Some(&payload),
+                        headers: None,
+                        tag: UNTRACKED,
+                    });
+                }
+                Route::Decode(lane) => lanes[lane].decode(&registry, bytes)?,
+                Route::Rekey => {
+                    let through = args
+                        .repartition_through
+                        .as_deref()
+                        .expect("a re-keyed route has a repartition topic");
+                    let shipment = rekey
+                        .as_mut()
+                        .expect("a re-keyed route has a decoder")
+                        .decode(&registry, bytes, &|| false)
+                        .map_err(|e| anyhow::anyhow!("undecodable input: {e}"))?;
+                    key.clear();
+                    write!(key, "{}", shipment.order_id)?;
+                    // The joiner's stamp on each re-keyed record: its source
+                    // partition's watermark, the same headers and sizes.
+                    let max = rekeyed_max.entry(message.partition()).or_insert(i64::MIN);
+                    *max = (*max).max(shipment.ship_ts_raw.saturating_mul(1000));
+                    let stamp = OwnedHeaders::new_with_capacity(2)
+                        .insert(Header {
+                            key: "streams.watermark",
+                            value: Some(&max.to_be_bytes()[..]),
+                        })
+                        .insert(Header {
+                            key: "streams.source",
+                            value: Some(&(message.partition() as u32).to_be_bytes()[..]),
+                        });
+                    delivery.send(Outgoing {
+                        topic: through,
+                        partition: None,
+                        key: Some(key.as_bytes()),
+                        payload: Some(bytes),
+                        headers: Some(stamp),
+                        tag: UNTRACKED,
+                    });
+                }
+            }
             offsets.insert((input, message.partition()), message.offset() + 1);
             if last_commit.elapsed() >= interval {
                 break;
@@ -195,11 +284,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         let mut committed = TopicPartitionList::new();
         for ((input, partition), offset) in offsets.drain() {
-            committed.add_partition_offset(
-                &args.inputs[input],
-                partition,
-                Offset::Offset(offset),
-            )?;
+            committed.add_partition_offset(topics[input], partition, Offset::Offset(offset))?;
         }
         // A synchronous commit: the copy waits for its records like the
         // simplest client would.
