@@ -1,6 +1,6 @@
 //! A task's pending timers: in memory up to a budget, the rest spilled.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
@@ -198,6 +198,17 @@ struct Spill {
     names: SmallVec<[&'static str; 4]>,
     /// The store's first error since the last [`TaskTimers::check`].
     failure: Cell<Option<anyhow::Error>>,
+    /// The last key and name looked up in the store, with the answer: a
+    /// processor that reads a timer and then sets it (the joiner, for
+    /// every record) reads the store once.
+    last_lookup: RefCell<Option<Lookup>>,
+}
+
+/// A spilled timer's time by key and name, as the store said.
+struct Lookup {
+    key: String,
+    name: String,
+    time: Option<i64>,
 }
 
 /// A position in firing order: time, then key, then name.
@@ -216,6 +227,33 @@ impl Horizon {
 }
 
 impl Spill {
+    /// The time of the spilled timer `name` of `key`, if it is spilled.
+    fn lookup(&self, key: &str, name: &str) -> anyhow::Result<Option<i64>> {
+        if let Some(last) = &*self.last_lookup.borrow() {
+            if last.key == key && last.name == name {
+                return Ok(last.time);
+            }
+        }
+        let time = self.store.get(key, name)?;
+        self.remember(key, name, time);
+        Ok(time)
+    }
+
+    /// Notes that the spilled timer `name` of `key` is at `time` (or none).
+    fn remember(&self, key: &str, name: &str, time: Option<i64>) {
+        let mut last = self.last_lookup.borrow_mut();
+        let last = last.get_or_insert_with(|| Lookup {
+            key: String::new(),
+            name: String::new(),
+            time: None,
+        });
+        last.key.clear();
+        last.key.push_str(key);
+        last.name.clear();
+        last.name.push_str(name);
+        last.time = time;
+    }
+
     fn record(&self, error: anyhow::Error) {
         let first = self.failure.take();
         self.failure.set(first.or(Some(error)));
@@ -246,6 +284,7 @@ impl TimerQueue {
                 count: 0,
                 names: SmallVec::new(),
                 failure: Cell::new(None),
+                last_lookup: RefCell::new(None),
             }),
             ..TimerQueue::default()
         }
@@ -257,7 +296,7 @@ impl TimerQueue {
             return Some(time);
         }
         let spill = self.spill.as_ref().filter(|spill| spill.count > 0)?;
-        spill.store.get(key, name).unwrap_or_else(|error| {
+        spill.lookup(key, name).unwrap_or_else(|error| {
             spill.record(error);
             None
         })
@@ -379,10 +418,12 @@ impl TimerQueue {
     /// Removes timer `name` of `key` from the spill store, if it is there.
     fn remove_spilled(&mut self, key: &str, name: &str) -> Option<i64> {
         let spill = self.spill.as_mut().filter(|spill| spill.count > 0)?;
-        let removed = spill.store.get(key, name).and_then(|time| {
+        let removed = spill.lookup(key, name).and_then(|time| {
             time.map(|time| spill.store.delete(time, key, name).map(|()| time))
                 .transpose()
         });
+        // Whatever happened, the store has no such timer now (or is broken).
+        spill.remember(key, name, None);
         match removed {
             Ok(Some(time)) => {
                 spill.count -= 1;
@@ -403,9 +444,11 @@ impl TimerQueue {
     fn spill_one(&mut self, time: i64, key: &str, name: &'static str) {
         let spill = self.spill.as_mut().expect("only a spilling queue spills");
         if let Err(error) = spill.store.put(time, key, name) {
+            spill.last_lookup.take();
             spill.record(error);
             return;
         }
+        spill.remember(key, name, Some(time));
         spill.count += 1;
         if !spill.names.contains(&name) {
             spill.names.push(name);
@@ -463,6 +506,7 @@ impl TimerQueue {
         let mut bytes = self.bytes;
         let mut unknown = None;
         let names = &spill.names;
+        spill.last_lookup.take();
         let taken = spill.store.take_earliest(&mut |time, key, name| {
             let Some(name) = names.iter().copied().find(|known| *known == name) else {
                 unknown = Some(name.to_owned());
