@@ -122,6 +122,12 @@ impl SpillStore for TimerSpill {
         self.write(batch)
     }
 
+    fn forget(&mut self, key: &str, name: &str) -> anyhow::Result<()> {
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.family(), self.encode(BY_KEY, None, key, name));
+        self.write(batch)
+    }
+
     fn delete(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()> {
         let mut batch = WriteBatch::default();
         batch.delete_cf(self.family(), self.encode(BY_TIME, Some(time), key, name));
@@ -132,7 +138,7 @@ impl SpillStore for TimerSpill {
     fn take_earliest(
         &mut self,
         take: &mut dyn FnMut(i64, &str, &str) -> bool,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<usize> {
         let mut options = ReadOptions::default();
         options.set_iterate_lower_bound(
             self.taken_up_to
@@ -142,16 +148,25 @@ impl SpillStore for TimerSpill {
         options.set_iterate_upper_bound(vec![BY_TIME, self.domain + 1]);
         let mut batch = WriteBatch::default();
         let mut last_taken = None;
+        let mut removed = 0;
         {
             let mut iterator = self.db.raw_iterator_cf_opt(self.family(), options);
             iterator.seek_to_first();
             while let Some(by_time) = iterator.key() {
                 let (time, key, name) = decode_by_time(by_time)?;
-                if !take(time, &key, name) {
+                let by_key = self.encode(BY_KEY, None, &key, name);
+                let live = match self.db.get_pinned_cf(self.family(), &by_key)? {
+                    Some(at) => i64_from_ordered_bytes(at.as_ref().try_into()?) == time,
+                    None => false,
+                };
+                if live && !take(time, &key, name) {
                     break;
                 }
                 batch.delete_cf(self.family(), by_time);
-                batch.delete_cf(self.family(), self.encode(BY_KEY, None, &key, name));
+                if live {
+                    batch.delete_cf(self.family(), by_key);
+                }
+                removed += 1;
                 last_taken = Some(by_time.to_vec());
                 iterator.next();
             }
@@ -161,7 +176,7 @@ impl SpillStore for TimerSpill {
         if last_taken.is_some() {
             self.taken_up_to = last_taken;
         }
-        Ok(())
+        Ok(removed)
     }
 }
 

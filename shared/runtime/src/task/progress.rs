@@ -59,7 +59,9 @@ impl<P: Processor> Task<P> {
         // Spilled timers belong to the queue being replaced.
         self.store.clear_spilled_timers()?;
         let store = &self.store;
-        let mut timers = TaskTimers::spilling(store.timer_budget(), |domain| {
+        // A timer store needs a spilled timer's old time to delete its key.
+        let exact = self.timer_store.is_some();
+        let mut timers = TaskTimers::spilling(store.timer_budget(), exact, |domain| {
             Box::new(store.timer_spill(domain))
         });
         match self.timer_store {

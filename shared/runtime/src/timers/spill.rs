@@ -5,21 +5,31 @@
 /// task's life: the queue is rebuilt, and the store cleared, whenever the
 /// task loads its timers from committed state.
 pub trait SpillStore: Send {
-    /// The time of the spilled timer `name` of `key`, if it is spilled.
+    /// The time of the spilled timer `name` of `key`, if it is spilled: the
+    /// index by key is the truth.
     fn get(&self, key: &str, name: &str) -> anyhow::Result<Option<i64>>;
 
-    /// Adds timer `name` of `key` at `time` (not spilled yet).
+    /// Spills timer `name` of `key` at `time`. If it was spilled at another
+    /// time, that entry in firing order is left behind, stale (see
+    /// [`take_earliest`](Self::take_earliest)).
     fn put(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()>;
 
     /// Removes the spilled timer `name` of `key`, which is at `time`.
     fn delete(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()>;
 
+    /// Removes the spilled timer `name` of `key` from the index by key only,
+    /// without reading its time: its entry in firing order is left stale.
+    fn forget(&mut self, key: &str, name: &str) -> anyhow::Result<()>;
+
     /// Offers the spilled timers to `take` in firing order (time, key, name),
-    /// removing each it accepts; stops at the first it declines.
+    /// removing each it accepts; stops at the first it declines. Entries in
+    /// firing order that the index by key no longer has at that time (stale)
+    /// are removed unoffered. Returns how many entries in firing order were
+    /// removed, stale ones included.
     fn take_earliest(
         &mut self,
         take: &mut dyn FnMut(i64, &str, &str) -> bool,
-    ) -> anyhow::Result<()>;
+    ) -> anyhow::Result<usize>;
 }
 
 #[cfg(test)]
@@ -41,9 +51,13 @@ pub(crate) mod memory {
         }
 
         fn put(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()> {
-            let previous = self.by_key.insert((key.into(), name.into()), time);
-            anyhow::ensure!(previous.is_none(), "{key}/{name} is spilled twice");
+            self.by_key.insert((key.into(), name.into()), time);
             self.by_time.insert((time, key.into(), name.into()));
+            Ok(())
+        }
+
+        fn forget(&mut self, key: &str, name: &str) -> anyhow::Result<()> {
+            self.by_key.remove(&(key.into(), name.into()));
             Ok(())
         }
 
@@ -57,15 +71,20 @@ pub(crate) mod memory {
         fn take_earliest(
             &mut self,
             take: &mut dyn FnMut(i64, &str, &str) -> bool,
-        ) -> anyhow::Result<()> {
+        ) -> anyhow::Result<usize> {
+            let mut removed = 0;
             while let Some((time, key, name)) = self.by_time.first().cloned() {
-                if !take(time, &key, &name) {
+                let live = self.by_key.get(&(key.clone(), name.clone())) == Some(&time);
+                if live && !take(time, &key, &name) {
                     break;
                 }
                 self.by_time.pop_first();
-                self.by_key.remove(&(key, name));
+                removed += 1;
+                if live {
+                    self.by_key.remove(&(key, name));
+                }
             }
-            Ok(())
+            Ok(removed)
         }
     }
 }
