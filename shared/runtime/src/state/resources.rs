@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager};
+use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Options, WriteBufferManager};
 
 use crate::pool::WorkerPool;
 
@@ -90,7 +90,19 @@ impl StateResources {
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&self.cache);
         table.set_bloom_filter(10.0, false);
+        // Index and filter blocks live in the block cache, within the
+        // budget, partitioned: a whole-file filter or index is megabytes
+        // once state outgrows memory, and a cache full of data blocks
+        // evicted it and read it back (and checksummed it) for nearly every
+        // point read; partitions are a few KiB each, and the top level,
+        // small, stays pinned with the level-0 files' blocks.
         table.set_cache_index_and_filter_blocks(true);
+        table.set_cache_index_and_filter_blocks_with_high_priority(true);
+        table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
+        table.set_partition_filters(true);
+        table.set_metadata_block_size(4096);
+        table.set_pin_top_level_index_and_filter(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         options.set_block_based_table_factory(&table);
         options
     }
