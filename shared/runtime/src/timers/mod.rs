@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
 
-pub use queue::{TaskTimers, TimerQueue};
+pub use queue::TimerQueue;
 pub use spill::SpillStore;
 
 /// One pending timer: a name per key, at a time. Timers due at the same
@@ -88,6 +88,135 @@ impl TimerEntry {
             key: std::str::from_utf8(&bytes[12..12 + key_len])?,
             name: std::str::from_utf8(&bytes[12 + key_len..])?,
         })
+    }
+}
+
+/// A task's pending timers of both domains, which share one memory budget.
+#[derive(Default)]
+pub struct TaskTimers {
+    event_time: TimerQueue,
+    wall_clock: TimerQueue,
+    /// The bytes the timers of both domains may keep in memory together.
+    budget: usize,
+}
+
+impl TaskTimers {
+    /// Timers that keep at most `budget` bytes in memory between both
+    /// domains and spill the rest to `spill(domain)`. With `exact`, setting
+    /// or removing a spilled timer says the time it had (the caller keeps a
+    /// timer store in step), which costs a read of the spill store; without,
+    /// the write is blind (see [`TimerQueue`]).
+    pub fn spilling(
+        budget: usize,
+        exact: bool,
+        mut spill: impl FnMut(TimeDomain) -> Box<dyn SpillStore>,
+    ) -> Self {
+        TaskTimers {
+            event_time: TimerQueue::spilling(spill(TimeDomain::EventTime), exact),
+            wall_clock: TimerQueue::spilling(spill(TimeDomain::WallClock), exact),
+            budget,
+        }
+    }
+
+    /// Timers kept in memory only, however many: for tests.
+    pub fn in_memory() -> Self {
+        TaskTimers {
+            budget: usize::MAX,
+            ..TaskTimers::default()
+        }
+    }
+
+    /// Changes the memory budget (the task's share, as tasks come and go);
+    /// timers beyond it are spilled at the next change.
+    pub fn set_budget(&mut self, budget: usize) {
+        self.budget = budget;
+    }
+
+    /// The timers of `domain`.
+    pub fn queue(&self, domain: TimeDomain) -> &TimerQueue {
+        match domain {
+            TimeDomain::EventTime => &self.event_time,
+            TimeDomain::WallClock => &self.wall_clock,
+        }
+    }
+
+    fn queue_mut(&mut self, domain: TimeDomain) -> &mut TimerQueue {
+        match domain {
+            TimeDomain::EventTime => &mut self.event_time,
+            TimeDomain::WallClock => &mut self.wall_clock,
+        }
+    }
+
+    /// The time of the timer `name` of `key` in `domain`, if one is set.
+    pub fn get(&self, domain: TimeDomain, key: &str, name: &str) -> Option<i64> {
+        self.queue(domain).get(key, name)
+    }
+
+    /// Sets timer `name` of `key` in `domain` to `time`; returns the time
+    /// it replaced.
+    pub fn set(
+        &mut self,
+        domain: TimeDomain,
+        key: &str,
+        name: &'static str,
+        time: i64,
+    ) -> Option<i64> {
+        let previous = self.queue_mut(domain).set(key, name, time);
+        if self.event_time.bytes + self.wall_clock.bytes > self.budget {
+            // Halving the larger queue brings the two under the budget.
+            if self.event_time.bytes >= self.wall_clock.bytes {
+                self.event_time.spill_latest_half();
+            } else {
+                self.wall_clock.spill_latest_half();
+            }
+        }
+        previous
+    }
+
+    /// Removes timer `name` of `key` in `domain`; returns its time.
+    pub fn remove(&mut self, domain: TimeDomain, key: &str, name: &str) -> Option<i64> {
+        self.queue_mut(domain).remove(key, name)
+    }
+
+    /// Removes and returns the earliest timer of `domain` due at `now`
+    /// (time <= now): a watermark for event-time timers, epoch
+    /// milliseconds for wall-clock ones.
+    pub fn pop_due(&mut self, domain: TimeDomain, now: i64) -> Option<TimerEntry> {
+        let other = match domain {
+            TimeDomain::EventTime => self.wall_clock.bytes,
+            TimeDomain::WallClock => self.event_time.bytes,
+        };
+        // Spilled timers come back until the queue fills half its room.
+        let refill = self.budget.saturating_sub(other) / 2;
+        self.queue_mut(domain).pop_due(now, refill)
+    }
+
+    /// Pending timers of both domains, spilled ones included.
+    pub fn len(&self) -> usize {
+        self.event_time.len() + self.wall_clock.len()
+    }
+
+    /// Whether no timer is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Pending timers of both domains in the spill stores.
+    pub fn spilled(&self) -> usize {
+        self.event_time.spilled() + self.wall_clock.spilled()
+    }
+
+    /// The first error of a spill store since the last check: the timers
+    /// may have lost a change, so the task must not commit.
+    pub fn check(&self) -> anyhow::Result<()> {
+        for queue in [&self.event_time, &self.wall_clock] {
+            if let Some(spill) = &queue.spill {
+                if let Some(error) = spill.failure.take() {
+                    return Err(error.context("timers spilled to the state store"));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

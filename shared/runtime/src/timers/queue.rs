@@ -10,141 +10,12 @@ use rustc_hash::FxBuildHasher;
 use smallvec::SmallVec;
 
 use super::spill::SpillStore;
-use super::{TimeDomain, TimerEntry};
+use super::TimerEntry;
 
 /// What one timer in memory is counted as, beside its key's bytes: the
 /// index entry by key (with the hash table's slack), the shared key's
 /// allocation header and its heap entries (up to two, with the heap's slack).
 const TIMER_BYTES: usize = 256;
-
-/// A task's pending timers of both domains, which share one memory budget.
-#[derive(Default)]
-pub struct TaskTimers {
-    event_time: TimerQueue,
-    wall_clock: TimerQueue,
-    /// The bytes the timers of both domains may keep in memory together.
-    budget: usize,
-}
-
-impl TaskTimers {
-    /// Timers that keep at most `budget` bytes in memory between both
-    /// domains and spill the rest to `spill(domain)`. With `exact`, setting
-    /// or removing a spilled timer says the time it had (the caller keeps a
-    /// timer store in step), which costs a read of the spill store; without,
-    /// the write is blind (see [`TimerQueue`]).
-    pub fn spilling(
-        budget: usize,
-        exact: bool,
-        mut spill: impl FnMut(TimeDomain) -> Box<dyn SpillStore>,
-    ) -> Self {
-        TaskTimers {
-            event_time: TimerQueue::spilling(spill(TimeDomain::EventTime), exact),
-            wall_clock: TimerQueue::spilling(spill(TimeDomain::WallClock), exact),
-            budget,
-        }
-    }
-
-    /// Timers kept in memory only, however many: for tests.
-    pub fn in_memory() -> Self {
-        TaskTimers {
-            budget: usize::MAX,
-            ..TaskTimers::default()
-        }
-    }
-
-    /// Changes the memory budget (the task's share, as tasks come and go);
-    /// timers beyond it are spilled at the next change.
-    pub fn set_budget(&mut self, budget: usize) {
-        self.budget = budget;
-    }
-
-    /// The timers of `domain`.
-    pub fn queue(&self, domain: TimeDomain) -> &TimerQueue {
-        match domain {
-            TimeDomain::EventTime => &self.event_time,
-            TimeDomain::WallClock => &self.wall_clock,
-        }
-    }
-
-    fn queue_mut(&mut self, domain: TimeDomain) -> &mut TimerQueue {
-        match domain {
-            TimeDomain::EventTime => &mut self.event_time,
-            TimeDomain::WallClock => &mut self.wall_clock,
-        }
-    }
-
-    /// The time of the timer `name` of `key` in `domain`, if one is set.
-    pub fn get(&self, domain: TimeDomain, key: &str, name: &str) -> Option<i64> {
-        self.queue(domain).get(key, name)
-    }
-
-    /// Sets timer `name` of `key` in `domain` to `time`; returns the time
-    /// it replaced.
-    pub fn set(
-        &mut self,
-        domain: TimeDomain,
-        key: &str,
-        name: &'static str,
-        time: i64,
-    ) -> Option<i64> {
-        let previous = self.queue_mut(domain).set(key, name, time);
-        if self.event_time.bytes + self.wall_clock.bytes > self.budget {
-            // Halving the larger queue brings the two under the budget.
-            if self.event_time.bytes >= self.wall_clock.bytes {
-                self.event_time.spill_latest_half();
-            } else {
-                self.wall_clock.spill_latest_half();
-            }
-        }
-        previous
-    }
-
-    /// Removes timer `name` of `key` in `domain`; returns its time.
-    pub fn remove(&mut self, domain: TimeDomain, key: &str, name: &str) -> Option<i64> {
-        self.queue_mut(domain).remove(key, name)
-    }
-
-    /// Removes and returns the earliest timer of `domain` due at `now`
-    /// (time <= now): a watermark for event-time timers, epoch
-    /// milliseconds for wall-clock ones.
-    pub fn pop_due(&mut self, domain: TimeDomain, now: i64) -> Option<TimerEntry> {
-        let other = match domain {
-            TimeDomain::EventTime => self.wall_clock.bytes,
-            TimeDomain::WallClock => self.event_time.bytes,
-        };
-        // Spilled timers come back until the queue fills half its room.
-        let refill = self.budget.saturating_sub(other) / 2;
-        self.queue_mut(domain).pop_due(now, refill)
-    }
-
-    /// Pending timers of both domains, spilled ones included.
-    pub fn len(&self) -> usize {
-        self.event_time.len() + self.wall_clock.len()
-    }
-
-    /// Whether no timer is pending.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Pending timers of both domains in the spill stores.
-    pub fn spilled(&self) -> usize {
-        self.event_time.spilled() + self.wall_clock.spilled()
-    }
-
-    /// The first error of a spill store since the last check: the timers
-    /// may have lost a change, so the task must not commit.
-    pub fn check(&self) -> anyhow::Result<()> {
-        for queue in [&self.event_time, &self.wall_clock] {
-            if let Some(spill) = &queue.spill {
-                if let Some(error) = spill.failure.take() {
-                    return Err(error.context("timers spilled to the state store"));
-                }
-            }
-        }
-        Ok(())
-    }
-}
 
 /// The pending timers of one domain of a task, in time order, with one
 /// timer per key and name; persisted through the task's timer store by the
@@ -193,13 +64,13 @@ pub struct TimerQueue {
     /// Timers in `by_key`; `by_time` holds these and left-behind entries.
     live: usize,
     /// The memory the timers in `by_key` are counted as ([`timer_bytes`]).
-    bytes: usize,
+    pub(super) bytes: usize,
     /// Where timers beyond the budget go; none: all stay in memory.
-    spill: Option<Spill>,
+    pub(super) spill: Option<Spill>,
 }
 
 /// The spilled timers of a queue.
-struct Spill {
+pub(super) struct Spill {
     store: Box<dyn SpillStore>,
     /// The first spilled timer in firing order, if any is spilled.
     horizon: Option<Horizon>,
@@ -211,7 +82,7 @@ struct Spill {
     /// The names of spilled timers: a loaded timer gets its static name back.
     names: SmallVec<[&'static str; 4]>,
     /// The store's first error since the last [`TaskTimers::check`].
-    failure: Cell<Option<anyhow::Error>>,
+    pub(super) failure: Cell<Option<anyhow::Error>>,
     /// The last key and name looked up in the store, with the answer: a
     /// processor that reads a timer and then sets it (the joiner, for
     /// every record) reads the store once.
@@ -290,7 +161,7 @@ const COMPACT_SLACK: usize = 1024;
 
 impl TimerQueue {
     /// An empty queue that spills to `store`.
-    fn spilling(store: Box<dyn SpillStore>, exact: bool) -> Self {
+    pub(super) fn spilling(store: Box<dyn SpillStore>, exact: bool) -> Self {
         TimerQueue {
             spill: Some(Spill {
                 store,
@@ -355,7 +226,7 @@ impl TimerQueue {
 
     /// Removes and returns the earliest timer due at `now`, loading spilled
     /// timers until memory holds `refill` bytes when their turn comes.
-    fn pop_due(&mut self, now: i64, refill: usize) -> Option<TimerEntry> {
+    pub(super) fn pop_due(&mut self, now: i64, refill: usize) -> Option<TimerEntry> {
         loop {
             while self.by_time.peek().is_some_and(|top| top.0.time <= now) {
                 let Reverse(entry) = self.by_time.pop()?;
@@ -499,7 +370,7 @@ impl TimerQueue {
 
     /// Spills the later half of the timers in memory (all of them if there
     /// is one), moving the horizon back to the first of them.
-    fn spill_latest_half(&mut self) {
+    pub(super) fn spill_latest_half(&mut self) {
         if self.spill.is_none() || self.live == 0 {
             return;
         }
@@ -636,6 +507,7 @@ impl TimerQueue {
 #[cfg(test)]
 mod tests {
     use super::super::spill::memory::MemorySpill;
+    use super::super::{TaskTimers, TimeDomain};
     use super::*;
 
     #[test]
