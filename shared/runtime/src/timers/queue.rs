@@ -374,17 +374,7 @@ impl TimerQueue {
         if self.spill.is_none() || self.live == 0 {
             return;
         }
-        let mut entries: Vec<TimerEntry> = self
-            .by_key
-            .iter()
-            .flat_map(|(key, named)| {
-                named.iter().map(|&(name, time)| TimerEntry {
-                    time,
-                    key: key.clone(),
-                    name,
-                })
-            })
-            .collect();
+        let mut entries: Vec<TimerEntry> = self.in_memory().collect();
         let keep = entries.len() / 2;
         entries.select_nth_unstable(keep);
         for entry in entries.drain(keep..) {
@@ -491,16 +481,19 @@ impl TimerQueue {
     fn rebuild(&mut self) {
         let mut entries = std::mem::take(&mut self.by_time).into_vec();
         entries.clear();
-        entries.extend(self.by_key.iter().flat_map(|(key, named)| {
-            named.iter().map(|&(name, time)| {
-                Reverse(TimerEntry {
-                    time,
-                    key: key.clone(),
-                    name,
-                })
-            })
-        }));
+        entries.extend(self.in_memory().map(Reverse));
         self.by_time = BinaryHeap::from(entries);
+    }
+
+    /// The timers in memory, from the index by key, in no order.
+    fn in_memory(&self) -> impl Iterator<Item = TimerEntry> + '_ {
+        self.by_key.iter().flat_map(|(key, named)| {
+            named.iter().map(|&(name, time)| TimerEntry {
+                time,
+                key: key.clone(),
+                name,
+            })
+        })
     }
 }
 
