@@ -200,6 +200,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut delivery = Delivery::new(
         args.cluster.client_config(),
         exactly_once.then_some(transactional_id.as_str()),
+        None,
     )?;
     let interval = args.commit_interval.as_std();
     let mut phases = PhaseTimes::default();

@@ -12,10 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::{redact, RedactingStderr};
-use crate::config::{LogFormat, RuntimeArgs};
+use crate::config::{LogFormat, ProcessingGuarantee, RuntimeArgs};
+use crate::describe::{
+    acl_grants, describe_stage, render_acls, AclFormat, PatternType, ServiceDescription,
+    StageDescription,
+};
 use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
 use crate::processor::Processor;
+use crate::shutdown::{self, is_interrupted, Signals};
 use crate::standby::StandbyUpdater;
 use crate::startup::{prepare_stage, ServiceEnv, StreamThread};
 use crate::state::store::StateResources;
@@ -23,7 +28,7 @@ use crate::state::store::StateResources;
 use crate::testing::{driver_stage, DriverEnv, DriverStage};
 use crate::topics::Admin;
 use crate::topology::Topology;
-use clap::Parser;
+use clap::{Args, Parser};
 
 /// The whole `main` of a service binary: parses its flags `S`, builds its
 /// pipeline with `build` and runs it. A flag error exits with clap's
@@ -36,14 +41,86 @@ use clap::Parser;
 ///     streams_runtime::service_main(pipeline)
 /// }
 /// ```
-pub fn service_main<S: Parser>(build: fn(S) -> anyhow::Result<Pipeline>) -> ExitCode {
-    match build(S::parse()) {
-        Ok(pipeline) => pipeline.run(),
-        Err(error) => {
-            eprintln!("error: {}", redact(&format!("{error:#}")));
-            ExitCode::FAILURE
+///
+/// Two subcommands connect nowhere: `describe` prints the service's
+/// topology and `acls` the ACLs it needs, for the flags that follow them
+/// (see [`crate::describe`]).
+pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) -> ExitCode {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let tool = argv
+        .get(1)
+        .and_then(|arg| arg.to_str())
+        .and_then(|arg| match arg {
+            "describe" | "acls" => Some(arg.to_string()),
+            _ => None,
+        });
+    let result = match tool.as_deref() {
+        None => build(S::parse()).map(Pipeline::run),
+        Some(tool) => {
+            argv.remove(1);
+            argv[0] = format!("{} {tool}", argv[0].to_string_lossy()).into();
+            let printed = if tool == "describe" {
+                let cli = DescribeCli::<S>::parse_from(argv);
+                build(cli.settings).and_then(|pipeline| {
+                    let description = pipeline.describe()?;
+                    Ok(match cli.format {
+                        DescribeFormat::Text => description.to_text(),
+                        DescribeFormat::Json => serde_json::to_string_pretty(&description)? + "\n",
+                    })
+                })
+            } else {
+                let cli = AclsCli::<S>::parse_from(argv);
+                build(cli.settings).and_then(|pipeline| {
+                    let description = pipeline.describe()?;
+                    let principal = cli
+                        .principal
+                        .unwrap_or_else(|| format!("User:{}", description.application_id));
+                    let grants = acl_grants(&description, cli.resource_pattern_type);
+                    render_acls(&description, &grants, &principal, cli.format)
+                })
+            };
+            printed.map(|text| {
+                print!("{text}");
+                ExitCode::SUCCESS
+            })
         }
-    }
+    };
+    result.unwrap_or_else(|error| {
+        eprintln!("error: {}", redact(&format!("{error:#}")));
+        ExitCode::FAILURE
+    })
+}
+
+/// `<service> describe [--format] <service flags>`.
+#[derive(Parser)]
+struct DescribeCli<S: Args> {
+    #[command(flatten)]
+    settings: S,
+    /// `text` (like Kafka Streams' `Topology#describe()`) or `json`.
+    #[arg(long, value_enum, default_value = "text")]
+    format: DescribeFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DescribeFormat {
+    Text,
+    Json,
+}
+
+/// `<service> acls [--principal] [--format] <service flags>`.
+#[derive(Parser)]
+struct AclsCli<S: Args> {
+    #[command(flatten)]
+    settings: S,
+    /// The principal to grant them to. Default `User:<application id>`.
+    #[arg(long)]
+    principal: Option<String>,
+    /// `kafka-acls` commands, a Strimzi `KafkaUser`, or JSON.
+    #[arg(long, value_enum, default_value = "kafka-acls")]
+    format: AclFormat,
+    /// Name input and output topics exactly (`literal`) or as prefixes.
+    #[arg(long, value_enum, default_value = "literal")]
+    resource_pattern_type: PatternType,
 }
 
 /// Caps glibc's malloc arenas at one per processing thread, before the
@@ -144,6 +221,27 @@ impl Pipeline {
         (self.args, self.service, self.stages)
     }
 
+    /// What the pipeline is made of, with no broker (see [`crate::describe`]).
+    pub fn describe(&self) -> anyhow::Result<ServiceDescription> {
+        let application_id = self.args.application_id_or(self.service);
+        let stages = self
+            .stages
+            .iter()
+            .map(|stage| stage.describe(&application_id, &self.args))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(ServiceDescription {
+            service: self.service.to_string(),
+            dead_letter_topic: format!("{application_id}-dlq"),
+            late_topic: self.args.late_topic.clone(),
+            processing_guarantee: match self.args.processing_guarantee {
+                ProcessingGuarantee::ExactlyOnceV2 => "exactly_once_v2",
+                ProcessingGuarantee::AtLeastOnce => "at_least_once",
+            },
+            application_id,
+            stages,
+        })
+    }
+
     /// Runs every stage until SIGTERM/SIGINT; the exit code says whether the
     /// service stopped cleanly.
     pub fn run(self) -> ExitCode {
@@ -160,12 +258,33 @@ impl Pipeline {
 
     fn run_stages(self) -> anyhow::Result<()> {
         self.args.check()?;
-        let processing_threads = self.args.stream_threads * self.stages.len();
-        limit_malloc_arenas(processing_threads);
+        limit_malloc_arenas(self.args.stream_threads * self.stages.len());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
+        // Signals first: one that arrives during start-up must stop it.
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let starting = Arc::new(AtomicBool::new(true));
+        let signals = Signals::install(&runtime)?;
+        runtime.spawn(signals.watch(shutdown.clone(), starting.clone()));
+        match self.start_and_run(&runtime, shutdown, &starting) {
+            Err(error) if is_interrupted(&error) => {
+                tracing::info!("stopped during start-up");
+                Ok(())
+            }
+            result => result,
+        }
+    }
+
+    /// Start-up, then the stages until `shutdown`.
+    fn start_and_run(
+        self,
+        runtime: &tokio::runtime::Runtime,
+        shutdown: Arc<AtomicBool>,
+        starting: &AtomicBool,
+    ) -> anyhow::Result<()> {
+        let processing_threads = self.args.stream_threads * self.stages.len();
         // librdkafka logs errors only (the runtime reports what matters).
         let client = self.args.client.settings(&[("log_level", "3")])?;
         let admin = Admin::connect(
@@ -183,16 +302,17 @@ impl Pipeline {
             admin,
             metrics: Arc::new(Metrics::default()),
             state_resources: StateResources::new(memory_limit, processing_threads),
-            shutdown: Arc::new(AtomicBool::new(false)),
+            shutdown,
             link_writers: HashMap::new(),
             args: self.args,
         };
         let mut prepared = Vec::new();
         for stage in self.stages {
+            shutdown::check(&env.shutdown)?;
             prepared.extend(stage.prepare(&mut env)?);
         }
 
-        // Operations endpoint and signals.
+        // Operations endpoint.
         match env.args.http_addr {
             Some(address) => {
                 runtime.block_on(crate::http::serve(address, env.metrics.clone()))?;
@@ -206,12 +326,17 @@ impl Pipeline {
                 }
             }
         }
-        runtime.spawn(wait_for_signal(env.shutdown.clone()));
+        starting.store(false, Ordering::Relaxed);
 
         let shutdown = &env.shutdown;
         let metrics = &env.metrics;
         let run_stage = |stage: Box<dyn PreparedStage>| {
-            let result = stage.run();
+            let result = match stage.run() {
+                // A restore cut short by the signal: the stage stopped
+                // without committing, as it should.
+                Err(error) if is_interrupted(&error) && shutdown.load(Ordering::Relaxed) => Ok(()),
+                result => result,
+            };
             if result.is_err() {
                 metrics.set_failed();
                 shutdown.store(true, Ordering::Relaxed);
@@ -240,6 +365,11 @@ impl Pipeline {
 /// A stage before startup: checks its topics and builds its clients (one set
 /// per processing thread), or becomes a stage of the test driver.
 pub(crate) trait StageSpec {
+    fn describe(
+        &self,
+        service_application_id: &str,
+        args: &RuntimeArgs,
+    ) -> anyhow::Result<StageDescription>;
     fn prepare(
         self: Box<Self>,
         env: &mut ServiceEnv,
@@ -270,6 +400,14 @@ struct RunningStage<P: Processor> {
 }
 
 impl<P: Processor> StageSpec for Stage<P> {
+    fn describe(
+        &self,
+        service_application_id: &str,
+        args: &RuntimeArgs,
+    ) -> anyhow::Result<StageDescription> {
+        describe_stage::<P>(&self.topology, self.name, service_application_id, args)
+    }
+
     fn prepare(
         self: Box<Self>,
         env: &mut ServiceEnv,
@@ -326,14 +464,4 @@ impl PreparedStage for StandbyUpdater {
         let _entered = tracing::info_span!("standby").entered();
         StandbyUpdater::run(*self)
     }
-}
-
-async fn wait_for_signal(shutdown: Arc<AtomicBool>) {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
-    shutdown.store(true, Ordering::Relaxed);
 }

@@ -40,6 +40,26 @@ pub struct RuntimeArgs {
     #[command(flatten)]
     pub client: ClientArgs,
 
+    /// Whether the service registers the schema of each topic it writes
+    /// (`true`, the default) or, with `false`, uses the latest version
+    /// registered under the output subject (`<topic>-value`, `GET
+    /// /subjects/<subject>/versions/latest`) and its id. The service encodes
+    /// records with its own schema, so that version must encode the same
+    /// bytes: its Avro Parsing Canonical Form must equal the service's (same
+    /// names, field order and types; docs, defaults and aliases may differ).
+    /// A registry-compatible but different version is refused. Start-up
+    /// fails if the subject has no version or its latest differs. Stage-link
+    /// topics (internal, the service's own) use their subject's latest
+    /// version when it matches and are registered otherwise.
+    #[arg(
+        long,
+        env = "SCHEMA_REGISTRY_AUTO_REGISTER",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "true|false"
+    )]
+    pub schema_registry_auto_register: bool,
+
     /// Application id: the consumer group id and the prefix of every internal
     /// topic. Defaults to the service name.
     #[arg(long, env = "APPLICATION_ID")]
@@ -128,6 +148,88 @@ pub struct RuntimeArgs {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+
+    /// How produced batches are compressed: outputs, changelogs,
+    /// repartition topics and dead letters alike. lz4 costs the least CPU
+    /// per record of the codecs that shrink Avro records well
+    /// (docs/deploy.md, "Compression"). Inputs may use any codec. Wins over
+    /// `--kafka compression.type`.
+    #[arg(long, env = "COMPRESSION_TYPE", value_enum, default_value = "lz4")]
+    pub compression_type: CompressionType,
+
+    /// Where the service creates its internal topics (changelogs,
+    /// repartition and stage-link topics, dead letters): how they are made.
+    #[command(flatten)]
+    pub internal_topics: InternalTopicArgs,
+}
+
+/// A codec of Kafka record batches, as `compression.type` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompressionType {
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl CompressionType {
+    /// The value of librdkafka's `compression.type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompressionType::None => "none",
+            CompressionType::Gzip => "gzip",
+            CompressionType::Snappy => "snappy",
+            CompressionType::Lz4 => "lz4",
+            CompressionType::Zstd => "zstd",
+        }
+    }
+}
+
+/// How the topics a service creates for itself are made (Kafka Streams'
+/// `replication.factor` and `topic.*` settings). Topics that exist already
+/// are left as they are.
+#[derive(Debug, Clone, Args)]
+pub struct InternalTopicArgs {
+    /// Replication factor of the internal topics the service creates
+    /// (changelogs, repartition and stage-link topics, the dead-letter and
+    /// late topics, the output topic if missing). Default: the broker's
+    /// `default.replication.factor`.
+    #[arg(long, env = "INTERNAL_TOPIC_REPLICATION_FACTOR", value_parser = clap::value_parser!(i32).range(1..=32))]
+    pub internal_topic_replication_factor: Option<i32>,
+
+    /// A topic config for every topic the service creates, e.g.
+    /// `min.insync.replicas=2`. Repeatable; env: comma-separated.
+    #[arg(
+        long = "internal-topic-config",
+        env = "INTERNAL_TOPIC_CONFIGS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE",
+        value_parser = crate::client::parse_key_value
+    )]
+    pub topic_configs: Vec<(String, String)>,
+
+    /// A topic config for changelog topics only (after the common ones),
+    /// e.g. `segment.bytes=104857600`. `cleanup.policy` stays `compact`.
+    #[arg(
+        long = "changelog-topic-config",
+        env = "CHANGELOG_TOPIC_CONFIGS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE",
+        value_parser = crate::client::parse_key_value
+    )]
+    pub changelog_configs: Vec<(String, String)>,
+
+    /// A topic config for repartition and stage-link topics only, e.g.
+    /// `retention.ms=86400000`.
+    #[arg(
+        long = "repartition-topic-config",
+        env = "REPARTITION_TOPIC_CONFIGS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE",
+        value_parser = crate::client::parse_key_value
+    )]
+    pub repartition_configs: Vec<(String, String)>,
 }
 
 /// An instance id: non-empty, and only characters that are safe in Kafka

@@ -36,8 +36,10 @@
 //!   engine, with no broker; `startup`: the same on Kafka (topic checks and
 //!   creation, clients).
 //! * [`admin`]: client configuration and topic administration (also for `streamctl`).
+//! * [`describe`]: the topology and the ACLs it needs, with no broker.
 //! * [`metrics`] and `http`: what operators see.
-//! * `app`: [`service_main`] and [`Pipeline`], which wire it all together.
+//! * `app`: [`service_main`] and [`Pipeline`], which wire it all together;
+//!   `shutdown`: SIGTERM and SIGINT, heard from the first moment on.
 //! * `partitioner`: Kafka's murmur2 partitioner.
 //! * `testing` (feature `test-utils`): the broker-free test driver.
 //! * [`prelude`]: what a service imports.
@@ -50,6 +52,7 @@ mod clock;
 mod collector;
 pub mod config;
 pub mod delivery;
+pub mod describe;
 pub mod duration;
 mod engine;
 mod http;
@@ -60,6 +63,7 @@ mod planning;
 mod pool;
 pub mod processor;
 mod restore;
+mod shutdown;
 mod standby;
 mod startup;
 pub mod state;

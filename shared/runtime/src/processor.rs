@@ -160,6 +160,8 @@ impl<P: Processor> DerivedTimers<'_, P> {
 /// every name and the compiler finds the one forgotten. The text of a name is
 /// stored with the timer and must never change.
 pub trait TimerName: Copy + Eq + Debug + Send + 'static {
+    /// The stored text of every name, in declaration order.
+    const NAMES: &'static [&'static str];
     /// The stored text of this name.
     fn name(self) -> &'static str;
     /// The name whose stored text is `text`.
@@ -171,6 +173,7 @@ pub trait TimerName: Copy + Eq + Debug + Send + 'static {
 pub enum NoTimers {}
 
 impl TimerName for NoTimers {
+    const NAMES: &'static [&'static str] = &[];
     fn name(self) -> &'static str {
         match self {}
     }
@@ -255,6 +258,8 @@ macro_rules! timer_names {
         }
 
         impl $crate::TimerName for $enum {
+            const NAMES: &'static [&'static str] = &[$($text),+];
+
             fn name(self) -> &'static str {
                 match self {
                     $($enum::$variant => $text),+

@@ -5,6 +5,7 @@
 //! changelog partition from that checkpoint (or from the beginning when there
 //! is no local state) up to the end, and writes it in large batches.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -12,6 +13,7 @@ use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::client::kafka::changelog_reader_config;
+use crate::shutdown::Interrupted;
 use crate::state::store::TaskStore;
 
 /// Records written to RocksDB per batch while restoring.
@@ -114,16 +116,21 @@ impl Restorer {
     ///
     /// All the task's changelogs are read at once, in one assignment, so
     /// their fetches overlap and no changelog waits for the one before it.
+    ///
+    /// Once `shutdown` is set the restore stops with `Interrupted`, what it
+    /// read so far written with its checkpoint (so the next start goes on
+    /// from there).
     pub fn restore(
         &self,
         store: &mut TaskStore,
         changelogs: &[String],
         partition: i32,
         reach: Option<&ChangelogReach>,
+        shutdown: &AtomicBool,
     ) -> anyhow::Result<u64> {
         let mut pending = Vec::new();
         for (index, topic) in changelogs.iter().enumerate() {
-            let (low, high) = self.watermarks(topic, partition)?;
+            let (low, high) = self.watermarks(topic, partition, shutdown)?;
             let first = match store.checkpoint(index)? {
                 Some(offset) => (offset + 1).max(low),
                 None => low,
@@ -157,7 +164,7 @@ impl Restorer {
             )?;
         }
         self.consumer.assign(&assignment)?;
-        let result = self.read_all(store, &mut pending, partition);
+        let result = self.read_all(store, &mut pending, partition, shutdown);
         self.consumer.unassign()?;
         result?;
         let elapsed_ms = started.elapsed().as_millis() as u64;
@@ -177,9 +184,15 @@ impl Restorer {
     /// topic is created, or while its leader moves, the broker answers
     /// "not leader" or "unknown partition" for a moment: such answers are
     /// retried for up to [`WATERMARKS_PATIENCE`].
-    fn watermarks(&self, topic: &str, partition: i32) -> anyhow::Result<(i64, i64)> {
+    fn watermarks(
+        &self,
+        topic: &str,
+        partition: i32,
+        shutdown: &AtomicBool,
+    ) -> anyhow::Result<(i64, i64)> {
         let deadline = Instant::now() + WATERMARKS_PATIENCE;
         loop {
+            crate::shutdown::check(shutdown)?;
             match self
                 .consumer
                 .fetch_watermarks(topic, partition, Duration::from_secs(10))
@@ -202,10 +215,17 @@ impl Restorer {
         store: &mut TaskStore,
         pending: &mut [Changelog<'_>],
         partition: i32,
+        shutdown: &AtomicBool,
     ) -> anyhow::Result<()> {
         let mut batch = store.restore_batch();
         let mut last_progress = Instant::now();
         while pending.iter().any(|changelog| !changelog.done) {
+            if shutdown.load(Ordering::Relaxed) {
+                let restored: u64 = pending.iter().map(|changelog| changelog.restored).sum();
+                tracing::info!(partition, restored, "restore stopped by shutdown");
+                store.write_restored(batch)?;
+                return Err(Interrupted.into());
+            }
             match self.consumer.poll(Duration::from_millis(10)) {
                 Some(Ok(message)) => {
                     last_progress = Instant::now();

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use rdkafka::consumer::Consumer;
 use rdkafka::ClientConfig;
 
-use crate::avro::Registry;
+use crate::avro::{writer_schema_id, Registry, SchemaSource};
 use crate::client::kafka::{client_id, group_consumer_config, instance_id, member_id};
 use crate::client::RegistrySettings;
 use crate::clock::Clock;
-use crate::config::{ProcessingGuarantee, RuntimeArgs};
+use crate::config::{InternalTopicArgs, ProcessingGuarantee, RuntimeArgs};
 use crate::delivery::Delivery;
 use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, KafkaStageParts, StageContext};
 use crate::metrics::Metrics;
@@ -182,9 +182,9 @@ fn plan_stage<P: Processor>(
     // Startup checks: broker, inputs, co-partitioning.
     let sources = resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
     let source_names: Vec<&str> = sources.iter().map(|s| s.topic.as_str()).collect();
-    let counts = env
-        .admin
-        .wait_for_topics(&source_names, args.topic_wait.as_std())?;
+    let counts =
+        env.admin
+            .wait_for_topics(&source_names, args.topic_wait.as_std(), &env.shutdown)?;
     let partitions = co_partition_count(&sources, &counts)?;
 
     let topics = stage_topics::<_, P>(
@@ -209,19 +209,28 @@ fn plan_stage<P: Processor>(
     // thread's producer with its init_transactions.
     let registry = Registry::new(&env.registry, env.runtime.clone())?;
     let subject = format!("{}-value", topics.output);
+    // With --schema-registry-auto-register false: the subject's latest
+    // version, if it encodes alike (avro::SchemaSource).
+    let source = SchemaSource::of(
+        args.schema_registry_auto_register,
+        matches!(topology.sink, Sink::Link(_)),
+    );
     let (created, registered, deliveries) = std::thread::scope(|scope| {
-        let registering = scope.spawn(|| registry.register(&subject, &topology.output_schema));
+        let registering =
+            scope.spawn(|| writer_schema_id(&registry, &subject, &topology.output_schema, source));
         let producing = scope.spawn(|| {
             StreamThread::all(args.stream_threads)
                 .map(|thread| {
                     let id = transactional_base
                         .as_deref()
                         .map(|base| thread.member_id(base));
-                    Delivery::new(env.client_config.clone(), id.as_deref())
+                    let mut config = env.client_config.clone();
+                    config.set("compression.type", args.compression_type.as_str());
+                    Delivery::new(config, id.as_deref(), Some(&env.shutdown))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()
         });
-        let created = ensure_stage_topics(&env.admin, &topics, partitions);
+        let created = ensure_stage_topics(&env.admin, &topics, partitions, &args.internal_topics);
         let joined = |name| move |_| anyhow::anyhow!("the thread {name} panicked");
         (
             created,
@@ -230,8 +239,7 @@ fn plan_stage<P: Processor>(
         )
     });
     created?;
-    let schema_id = registered?
-        .map_err(|e| anyhow::anyhow!("cannot register the output schema under {subject}: {e}"))?;
+    let schema_id = registered??;
     let deliveries = deliveries??;
     if let Sink::Link(link) = &topology.sink {
         env.link_writers.insert(link.name, partitions);
@@ -255,36 +263,67 @@ fn plan_stage<P: Processor>(
     })
 }
 
-/// Creates the topics a stage writes (in one request), checking the
-/// partition counts of those that already exist.
+/// Creates the topics a stage writes (in one request), made as
+/// `--internal-topic-*` says, checking the partition counts of those that
+/// already exist.
 fn ensure_stage_topics(
     admin: &Admin,
     topics: &StageTopics,
     partitions: usize,
+    made: &InternalTopicArgs,
 ) -> anyhow::Result<()> {
-    const COMPACTED: &[(&str, &str)] = &[("cleanup.policy", "compact")];
+    let pairs = |configs: &[(String, String)]| -> Vec<(String, String)> {
+        made.topic_configs.iter().chain(configs).cloned().collect()
+    };
+    let common = pairs(&[]);
+    let mut changelog = pairs(&made.changelog_configs);
+    changelog.retain(|(key, _)| key != "cleanup.policy");
+    changelog.push(("cleanup.policy".to_string(), "compact".to_string()));
+    let repartition = pairs(&made.repartition_configs);
+    fn borrowed(configs: &[(String, String)]) -> Vec<(&str, &str)> {
+        configs
+            .iter()
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+            .collect()
+    }
+    let (common, changelog, repartition) = (
+        borrowed(&common),
+        borrowed(&changelog),
+        borrowed(&repartition),
+    );
     let spec = |name, partitions, configs| TopicSpec {
         name,
         partitions,
         configs,
+        replication: made.internal_topic_replication_factor,
     };
     let output_partitions = topics.link_partitions.unwrap_or(partitions);
+    let output_configs = if topics.link_partitions.is_some() {
+        &repartition
+    } else {
+        &common
+    };
     let mut specs = vec![
-        spec(&topics.dead_letters, 1, &[]),
-        spec(&topics.output, output_partitions, &[]),
+        spec(&topics.dead_letters, 1, &common),
+        spec(&topics.output, output_partitions, output_configs),
     ];
-    specs.extend(topics.late.iter().map(|late| spec(late, partitions, &[])));
+    specs.extend(
+        topics
+            .late
+            .iter()
+            .map(|late| spec(late, partitions, &common)),
+    );
     specs.extend(
         topics
             .changelogs
             .iter()
-            .map(|changelog| spec(changelog, partitions, COMPACTED)),
+            .map(|topic| spec(topic, partitions, &changelog)),
     );
     specs.extend(
         topics
             .repartitions
             .iter()
-            .map(|repartition| spec(repartition, partitions, &[])),
+            .map(|topic| spec(topic, partitions, &repartition)),
     );
     let counts = admin.ensure_topics(&specs)?;
     let count_of = |name: &str| {
@@ -351,6 +390,7 @@ impl<P: Processor> StagePlan<P> {
         let restorer = Restorer::new(&env.client_config, &self.application_id)?;
         engine.yield_to_commits();
         let stage = KafkaStage::new(KafkaStageParts {
+            group_id: self.application_id.clone(),
             engine,
             delivery,
             restorer,

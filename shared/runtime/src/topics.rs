@@ -2,6 +2,7 @@
 //! and agree on partition counts, and are the internal topics in place.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -50,6 +51,8 @@ pub struct TopicSpec<'a> {
     pub partitions: usize,
     /// Topic configs, e.g. `("cleanup.policy", "compact")`.
     pub configs: &'a [(&'a str, &'a str)],
+    /// Replicas of each partition; `None`: the broker's default.
+    pub replication: Option<i32>,
 }
 
 /// Admin operations on one cluster.
@@ -177,10 +180,12 @@ impl Admin {
         &self,
         topics: &[&str],
         wait: Duration,
+        shutdown: &AtomicBool,
     ) -> anyhow::Result<HashMap<String, usize>> {
         let deadline = Instant::now() + wait;
         let mut last_log = Instant::now();
         loop {
+            crate::shutdown::check(shutdown)?;
             let mut counts = HashMap::new();
             let mut missing = Vec::new();
             for topic in topics {
@@ -222,6 +227,7 @@ impl Admin {
             name: topic,
             partitions,
             configs,
+            replication: None,
         }])?;
         Ok(counts[0])
     }
@@ -282,7 +288,7 @@ impl Admin {
                 let mut new_topic = NewTopic::new(
                     topic.name,
                     topic.partitions as i32,
-                    TopicReplication::Fixed(-1),
+                    TopicReplication::Fixed(topic.replication.unwrap_or(-1)),
                 );
                 for (key, value) in topic.configs {
                     new_topic = new_topic.set(key, value);

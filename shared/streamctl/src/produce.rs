@@ -120,7 +120,7 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_nanos()
     );
-    let mut delivery = Delivery::new(connection.config.clone(), Some(&transactional_id))?;
+    let mut delivery = Delivery::new(connection.config.clone(), Some(&transactional_id), None)?;
     for line in &raw_lines {
         delivery.send(Outgoing {
             topic: &args.topic,

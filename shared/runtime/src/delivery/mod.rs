@@ -109,8 +109,13 @@ const PRODUCER_QUEUE_KIB: &str = "16384";
 
 impl Delivery {
     /// A producer; transactional (and initialised, fencing any previous
-    /// incarnation) when `transactional_id` is set.
-    pub fn new(mut config: ClientConfig, transactional_id: Option<&str>) -> anyhow::Result<Self> {
+    /// incarnation) when `transactional_id` is set. The initialisation gives
+    /// up once `shutdown` is set (a signal during start-up).
+    pub fn new(
+        mut config: ClientConfig,
+        transactional_id: Option<&str>,
+        shutdown: Option<&std::sync::atomic::AtomicBool>,
+    ) -> anyhow::Result<Self> {
         config
             .set("partitioner", "murmur2_random")
             .set("enable.idempotence", "true")
@@ -148,7 +153,7 @@ impl Delivery {
             .map_or(Duration::MAX, Duration::from_millis);
         let timeout = Duration::from_secs(30);
         let transactional = transactional_id.is_some();
-        let producer = Self::create(&config, transactional, timeout)?;
+        let producer = Self::create(&config, transactional, timeout, shutdown)?;
         Ok(Delivery {
             producer: Arc::new(producer),
             config,
@@ -181,7 +186,7 @@ impl Delivery {
         tracing::warn!(%reason, "the producer failed fatally; replacing it");
         let mut attempts = 0;
         loop {
-            match Self::create(&self.config, self.transactional, self.timeout) {
+            match Self::create(&self.config, self.transactional, self.timeout, None) {
                 Ok(producer) => {
                     self.producer = Arc::new(producer);
                     self.in_transaction = false;

@@ -1,6 +1,7 @@
 //! Creating the producer of [`Delivery`], with `init_transactions` asked
 //! promptly under exactly-once.
 
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -22,12 +23,18 @@ const INIT_TRANSACTIONS_ATTEMPT: Duration = Duration::from_millis(50);
 /// moving or still loading, as after a broker restart), may be repeated:
 /// librdkafka's documented contract, and what one long call would have
 /// done inside.
+/// With `shutdown`, gives up once it is set.
 fn init_transactions_promptly(
     producer: &BaseProducer<DeliveryReports>,
+    transactional_id: &str,
     timeout: Duration,
-) -> Result<(), KafkaError> {
+    shutdown: Option<&AtomicBool>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
+        if let Some(flag) = shutdown {
+            crate::shutdown::check(flag)?;
+        }
         let attempt_started = Instant::now();
         let left = deadline.saturating_duration_since(attempt_started);
         match producer.init_transactions(INIT_TRANSACTIONS_ATTEMPT.min(left)) {
@@ -42,25 +49,40 @@ fn init_transactions_promptly(
                     INIT_TRANSACTIONS_ATTEMPT.saturating_sub(attempt_started.elapsed()),
                 );
             }
-            result => return result,
+            Err(error)
+                if error.rdkafka_error_code()
+                    == Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed) =>
+            {
+                anyhow::bail!(
+                    "not authorized to use transactional id {}: this user lacks the WRITE ACL \
+                     on it ({error}); `<service> acls` lists what a service needs",
+                    transactional_id
+                );
+            }
+            result => {
+                return result
+                    .map_err(|e| anyhow::anyhow!("cannot initialise Kafka transactions: {e}"))
+            }
         }
     }
 }
 
 impl Delivery {
     /// A producer for `config`; with `transactional`, its transactions
-    /// initialised (fencing any previous incarnation).
+    /// initialised (fencing any previous incarnation), unless `shutdown` is
+    /// set meanwhile.
     pub(super) fn create(
         config: &ClientConfig,
         transactional: bool,
         timeout: Duration,
+        shutdown: Option<&AtomicBool>,
     ) -> anyhow::Result<BaseProducer<DeliveryReports>> {
         let producer: BaseProducer<DeliveryReports> = config
             .create_with_context(DeliveryReports::default())
             .map_err(|e| anyhow::anyhow!("cannot create the Kafka producer: {e}"))?;
         if transactional {
-            init_transactions_promptly(&producer, timeout)
-                .map_err(|e| anyhow::anyhow!("cannot initialise Kafka transactions: {e}"))?;
+            let id = config.get("transactional.id").unwrap_or_default();
+            init_transactions_promptly(&producer, id, timeout, shutdown)?;
         }
         Ok(producer)
     }

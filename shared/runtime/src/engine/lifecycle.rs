@@ -96,6 +96,11 @@ impl<P: Processor> Engine<P> {
         self.shutdown.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The flag a signal sets, for waits that must give up on it.
+    pub fn shutdown_flag(&self) -> &std::sync::atomic::AtomicBool {
+        &self.shutdown
+    }
+
     /// Counts changelog records replayed into local state.
     pub fn count_restored(&mut self, records: u64) {
         self.counters.restored_records += records;

@@ -54,6 +54,8 @@ use commit_in_flight::SealedCommit;
 
 /// A stage's engine with its Kafka clients.
 pub(crate) struct KafkaStage<P: Processor> {
+    /// The stage's consumer group (its application id), for messages.
+    group_id: String,
     engine: Engine<P>,
     delivery: Delivery,
     restorer: Restorer,
@@ -90,6 +92,7 @@ pub(crate) struct KafkaStage<P: Processor> {
 
 /// What a [`KafkaStage`] is built from; everything else starts empty.
 pub(crate) struct KafkaStageParts<P: Processor> {
+    pub group_id: String,
     pub engine: Engine<P>,
     pub delivery: Delivery,
     pub restorer: Restorer,
@@ -129,6 +132,7 @@ fn kafka_headers(record: &RecordView<'_>) -> Option<OwnedHeaders> {
 impl<P: Processor> KafkaStage<P> {
     pub fn new(parts: KafkaStageParts<P>) -> Self {
         let KafkaStageParts {
+            group_id,
             engine,
             delivery,
             restorer,
@@ -139,6 +143,7 @@ impl<P: Processor> KafkaStage<P> {
             metrics,
         } = parts;
         KafkaStage {
+            group_id,
             engine,
             delivery,
             restorer,

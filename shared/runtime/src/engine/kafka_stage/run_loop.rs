@@ -173,6 +173,28 @@ fn is_fatal(error: &KafkaError) -> bool {
     )
 }
 
+/// What the user lacks when the consumer was refused for want of an ACL:
+/// retrying cannot help, so the stage stops, naming the resource.
+fn denied(error: &KafkaError, group: &str) -> Option<String> {
+    let lacks = match error.rdkafka_error_code()? {
+        RDKafkaErrorCode::GroupAuthorizationFailed => {
+            format!("the READ ACL on consumer group {group}")
+        }
+        RDKafkaErrorCode::TopicAuthorizationFailed => {
+            "the READ ACL on a topic it consumes".to_string()
+        }
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
+            format!("the WRITE ACL on the transactional ids {group}-*")
+        }
+        RDKafkaErrorCode::ClusterAuthorizationFailed => "an ACL on the cluster".to_string(),
+        _ => return None,
+    };
+    Some(format!(
+        "not authorized: this user lacks {lacks} ({error}); `<service> acls` lists what a \
+         service needs"
+    ))
+}
+
 /// The main loop. The stage's lock is never held while polling, because
 /// rebalance callbacks run inside `poll` and take it.
 fn process_until_shutdown<P: Processor>(
@@ -210,10 +232,13 @@ fn process_until_shutdown<P: Processor>(
             }
             match result {
                 Ok(message) => stage.handle(&message)?,
-                Err(error) if is_fatal(&error) => {
-                    anyhow::bail!("the Kafka consumer failed and cannot go on: {error}");
-                }
                 Err(error) => {
+                    if let Some(lacking) = denied(&error, &stage.group_id) {
+                        anyhow::bail!(lacking);
+                    }
+                    if is_fatal(&error) {
+                        anyhow::bail!("the Kafka consumer failed and cannot go on: {error}");
+                    }
                     if last_poll_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
                         tracing::warn!(%error, "consumer error (retrying)");
                         last_poll_error = Some(Instant::now());

@@ -71,9 +71,13 @@ impl<P: Processor> KafkaStage<P> {
         };
         if let Some(reach) = reach {
             let changelogs = self.engine.changelog_topics();
-            let restored =
-                self.restorer
-                    .restore(&mut store, &changelogs, partition, reach.as_ref())?;
+            let restored = self.restorer.restore(
+                &mut store,
+                &changelogs,
+                partition,
+                reach.as_ref(),
+                self.engine.shutdown_flag(),
+            )?;
             self.engine.count_restored(restored);
         }
         if at_least_once {

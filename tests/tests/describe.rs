@@ -1,0 +1,164 @@
+//! `<service> describe` and `<service> acls` tell the truth: each service,
+//! run over its example data, creates exactly the internal topics its
+//! description lists, and its ACL listing names them.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use e2e_tests::fixture_runs::{self, Host, Launcher};
+use e2e_tests::*;
+use serde_json::Value;
+
+/// Starts services as [`Host`] does, remembering the arguments of the last.
+#[derive(Default)]
+struct Recording {
+    last: RefCell<Option<(&'static str, Vec<String>)>>,
+}
+
+impl Launcher for Recording {
+    type Running = Service;
+
+    fn start(&self, service: &'static str, arguments: &[String]) -> Service {
+        *self.last.borrow_mut() = Some((service, arguments.to_vec()));
+        Host.start(service, arguments)
+    }
+}
+
+/// `service <tool> <arguments>`, which must succeed and print JSON.
+fn tool_json(service: &str, tool: &str, arguments: &[String]) -> Value {
+    let output = Command::new(bin(service))
+        .arg(tool)
+        .args(arguments)
+        .args(["--format", "json"])
+        .output()
+        .expect("run the service binary");
+    assert!(
+        output.status.success(),
+        "{service} {tool} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
+fn strings(value: &Value) -> BTreeSet<String> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Runs `fixture` and checks the topics its service created against its
+/// description and ACL listing.
+fn described_topics_are_created(fixture: fn(&Recording) -> Service) {
+    let recording = Recording::default();
+    let service = fixture(&recording);
+    let (binary, arguments) = recording.last.borrow().clone().unwrap();
+    let description = tool_json(binary, "describe", &arguments);
+    let application_id = description["application_id"].as_str().unwrap().to_string();
+
+    // The internal topics: every changelog, repartition and link topic, and
+    // the dead letters, named from the stages.
+    let mut described = BTreeSet::new();
+    described.insert(
+        description["dead_letter_topic"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    );
+    for stage in description["stages"].as_array().unwrap() {
+        for store in stage["stores"].as_array().unwrap() {
+            described.insert(store["changelog"].as_str().unwrap().to_string());
+        }
+        for source in stage["sources"].as_array().unwrap() {
+            if let Some(topic) = source["repartition_topic"].as_str() {
+                described.insert(topic.to_string());
+            }
+        }
+        if stage["sink"]["internal"].as_bool().unwrap() {
+            described.insert(stage["sink"]["topic"].as_str().unwrap().to_string());
+        }
+    }
+    let created: BTreeSet<String> = streamctl_ok(&["topics", "list"])
+        .lines()
+        .filter(|topic| topic.starts_with(&format!("{application_id}-")))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(created, described, "log:\n{}", service.log());
+
+    // The ACLs cover the inputs and outputs by name and the internal
+    // topics, groups and transactional ids by the application id.
+    let acls = tool_json(binary, "acls", &arguments);
+    let grants = acls["acls"].as_array().unwrap();
+    let named = |kind: &str, name: &str| {
+        grants
+            .iter()
+            .find(|grant| grant["resource_type"] == kind && grant["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} grant on {name} in {acls:#}"))
+    };
+    for input in description["stages"][0]["sources"].as_array().unwrap() {
+        let grant = named("Topic", input["topic"].as_str().unwrap());
+        assert_eq!(
+            strings(&grant["operations"]),
+            BTreeSet::from(["Read".into()])
+        );
+    }
+    let internal = named("Topic", &format!("{application_id}-"));
+    assert_eq!(internal["pattern_type"], "prefixed");
+    assert_eq!(named("Group", &application_id)["operations"][0], "Read");
+    assert_eq!(
+        named("TransactionalId", &format!("{application_id}-"))["operations"][0],
+        "Write"
+    );
+    let outputs = grants
+        .iter()
+        .filter(|grant| {
+            strings(&grant["operations"]).contains("Write") && grant["pattern_type"] == "literal"
+        })
+        .count();
+    assert_eq!(outputs, 1, "one output topic: {acls:#}");
+}
+
+#[test]
+fn sensor_fusion_creates_what_it_describes() {
+    described_topics_are_created(fixture_runs::sensor_fusion_on);
+}
+
+#[test]
+fn order_shipment_joiner_creates_what_it_describes() {
+    described_topics_are_created(fixture_runs::order_shipment_joiner_on);
+}
+
+#[test]
+fn window_aggregator_creates_what_it_describes() {
+    described_topics_are_created(fixture_runs::window_aggregator_on);
+}
+
+#[test]
+fn the_text_description_names_stages_stores_and_timers() {
+    let output = Command::new(bin("window-aggregator"))
+        .args(["describe", "--application-id", "shop"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        text.starts_with("Service window-aggregator (application id shop, exactly_once_v2)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Stage 1: final (consumer group shop-final)"),
+        "{text}"
+    );
+    assert!(text.contains("changelog shop-final-"), "{text}");
+    assert!(text.contains("Dead letters: shop-dlq"), "{text}");
+
+    let bad = Command::new(bin("sessionizer"))
+        .args(["acls", "--format", "yaml"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid value 'yaml'"));
+}
