@@ -8,8 +8,13 @@
 //! every user of the host; the file (mode 0600) and the environment do not.
 //!
 //! Keys starting with `schema.registry.` configure the registry client, not
-//! librdkafka: `schema.registry.basic.auth.user.info=USER:PASSWORD` and
-//! `schema.registry.ssl.ca.location=PATH` (a PEM file of CA certificates).
+//! librdkafka (see `registry`): `schema.registry.basic.auth.user.info=USER:PASSWORD`,
+//! or a bearer token, `schema.registry.bearer.auth.token=TOKEN` or
+//! `schema.registry.bearer.auth.token.location=PATH` (a file read at start-up
+//! and again when the registry answers 401, e.g. a Kubernetes Secret's);
+//! `schema.registry.ssl.ca.location=PATH` (a PEM file of CA certificates);
+//! and for mutual TLS `schema.registry.ssl.certificate.location=PATH` (PEM)
+//! with `schema.registry.ssl.key.location=PATH` (PEM, PKCS#8).
 //!
 //! The values of secret properties (passwords, secrets, keys) are kept
 //! from every log line and error message: [`redact`] replaces them, and
@@ -17,6 +22,7 @@
 //! it.
 
 pub(crate) mod kafka;
+mod registry;
 
 use std::borrow::Cow;
 use std::io::Write;
@@ -71,8 +77,17 @@ pub struct RegistrySettings {
     pub url: String,
     /// User and password for HTTP basic authentication.
     pub basic_auth: Option<(String, String)>,
+    /// A bearer token (`Authorization: Bearer ...`).
+    pub bearer_token: Option<String>,
+    /// A file holding the bearer token, read at start-up and again when the
+    /// registry answers 401 (a token rotated in a mounted Secret).
+    pub bearer_token_location: Option<PathBuf>,
     /// CA certificates (PEM) to trust besides the system's.
     pub ca_location: Option<PathBuf>,
+    /// The client certificate (PEM, leaf first) for mutual TLS.
+    pub certificate_location: Option<PathBuf>,
+    /// The client certificate's private key (PEM, PKCS#8).
+    pub key_location: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for RegistrySettings {
@@ -83,7 +98,14 @@ impl std::fmt::Debug for RegistrySettings {
                 "basic_auth",
                 &self.basic_auth.as_ref().map(|(user, _)| user),
             )
+            .field(
+                "bearer_token",
+                &self.bearer_token.as_ref().map(|_| "[redacted]"),
+            )
+            .field("bearer_token_location", &self.bearer_token_location)
             .field("ca_location", &self.ca_location)
+            .field("certificate_location", &self.certificate_location)
+            .field("key_location", &self.key_location)
             .finish()
     }
 }
@@ -119,24 +141,13 @@ impl ClientArgs {
         };
         for (key, value) in properties {
             match key.strip_prefix("schema.registry.") {
-                Some("basic.auth.user.info") => {
-                    let (user, password) = value.split_once(':').ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "schema.registry.basic.auth.user.info must be USER:PASSWORD"
-                        )
-                    })?;
-                    registry.basic_auth = Some((user.to_string(), password.to_string()));
-                }
-                Some("ssl.ca.location") => registry.ca_location = Some(PathBuf::from(value)),
-                Some(other) => anyhow::bail!(
-                    "unknown registry property schema.registry.{other} (known: \
-                     schema.registry.basic.auth.user.info, schema.registry.ssl.ca.location)"
-                ),
+                Some(registry_key) => registry.set(registry_key, value)?,
                 None => {
                     kafka.set(key, value);
                 }
             }
         }
+        registry.check()?;
         Ok(ClientSettings { kafka, registry })
     }
 }
@@ -269,6 +280,7 @@ pub fn is_secret(key: &str) -> bool {
         .any(|marker| key.contains(marker))
         || key == "sasl.oauthbearer.config"
         || key == "ssl_key"
+        || key.ends_with("bearer.auth.token")
 }
 
 /// The secret values seen by [`ClientArgs::settings`], longest first (so
@@ -291,6 +303,19 @@ fn remember_secrets(properties: &[(String, String)]) {
         }
     }
     secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+}
+
+/// Remembers a secret this process read from elsewhere than a property
+/// (a bearer token's file), for [`redact`].
+pub(crate) fn remember_secret(value: &str) {
+    if value.is_empty() {
+        return;
+    }
+    let mut secrets = SECRETS.write().unwrap_or_else(|e| e.into_inner());
+    if !secrets.iter().any(|secret| secret == value) {
+        secrets.push(value.to_string());
+        secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+    }
 }
 
 /// `text` with every secret value this process was configured with

@@ -327,6 +327,20 @@ mod tests {
     }
 
     #[test]
+    fn schemas_are_registered_unless_turned_off_with_true_or_false() {
+        let auto_register = |flags: &[&str]| parse(flags).map(|a| a.schema_registry_auto_register);
+        if std::env::var_os("SCHEMA_REGISTRY_AUTO_REGISTER").is_none() {
+            assert!(auto_register(&[]).unwrap());
+        }
+        let flag = "--schema-registry-auto-register";
+        assert!(!auto_register(&[flag, "false"]).unwrap());
+        assert!(auto_register(&[flag, "true"]).unwrap());
+        for bad in ["no", "0", ""] {
+            assert!(auto_register(&[flag, bad]).is_err(), "{bad} is refused");
+        }
+    }
+
+    #[test]
     fn one_stream_thread_by_default_and_a_positive_bounded_count_otherwise() {
         if std::env::var_os("STREAM_THREADS").is_none() {
             assert_eq!(parse(&[]).unwrap().stream_threads, 1);

@@ -12,9 +12,14 @@
 //!
 //! Registry HTTP goes through `schema_registry_converter`'s async client; the
 //! processing thread is not a tokio worker, so it blocks on the runtime handle
-//! only on a cache miss.
+//! only on a cache miss. Which schema id a stage writes under — its own
+//! schema registered, or the subject's latest version — is `subjects`'.
 
 pub mod json;
+mod remote;
+mod subjects;
+
+pub use subjects::{canonical_difference, canonical_form, writer_schema_id, SchemaSource};
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -27,7 +32,7 @@ use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 
 use schema_registry_converter::async_impl::schema_registry::{
-    get_schema_by_id, post_schema, SrSettings,
+    get_schema_by_id, get_schema_by_subject_and_version, post_schema,
 };
 use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
 use serde::de::DeserializeOwned;
@@ -99,12 +104,15 @@ pub struct Registry {
 struct RegistryInner {
     url: String,
     /// The HTTP client; `None` for an in-memory registry.
-    remote: Option<(SrSettings, tokio::runtime::Handle)>,
+    remote: Option<remote::Remote>,
     schemas_by_id: Mutex<HashMap<u32, &'static Schema>>,
     /// In-memory registry only: the id of every schema text registered, each
     /// also under its canonical form, so that registering a text again
     /// neither parses nor leaks anything.
     ids_by_text: Mutex<HashMap<String, u32>>,
+    /// In-memory registry only: the schema id and text of each version of
+    /// each subject, oldest first.
+    versions_by_subject: Mutex<HashMap<String, Vec<(u32, String)>>>,
     /// Schema texts parsed (see [`Registry::schemas_parsed`]).
     schemas_parsed: AtomicUsize,
     /// See [`Registry::requests`].
@@ -120,9 +128,27 @@ pub enum RegistryError {
     /// The registry rejected the request (e.g. an incompatible schema change).
     #[error("{0}")]
     Rejected(String),
+    /// The registry refused the credentials (401) or the request (403).
+    /// Fatal at start-up; while processing, retried like
+    /// [`Unavailable`](Self::Unavailable): credentials can be fixed (a token
+    /// file rotated) and the records are not at fault.
+    #[error("{message}")]
+    Refused { status: u16, message: String },
     /// The registry could not be reached or failed; worth retrying.
     #[error("schema registry at {url} is unavailable: {message}")]
     Unavailable { url: String, message: String },
+}
+
+/// The latest version of a subject.
+#[derive(Debug, Clone)]
+pub struct LatestSchema {
+    pub id: u32,
+    /// The version number, when the registry says it.
+    pub version: Option<u32>,
+    /// `AVRO`, `JSON` or `PROTOBUF`.
+    pub schema_type: String,
+    /// The schema's text as registered.
+    pub schema: String,
 }
 
 impl Registry {
@@ -132,35 +158,13 @@ impl Registry {
         settings: &RegistrySettings,
         runtime: tokio::runtime::Handle,
     ) -> anyhow::Result<Registry> {
-        let url = &settings.url;
-        let mut http = reqwest::Client::builder();
-        if let Some(path) = &settings.ca_location {
-            let pem = std::fs::read(path).map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot read the registry's CA file {} ({e})",
-                    path.display()
-                )
-            })?;
-            for certificate in reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| anyhow::anyhow!("the registry's CA file {}: {e}", path.display()))?
-            {
-                http = http.add_root_certificate(certificate);
-            }
-        }
-        let mut builder = SrSettings::new_builder(url.trim_end_matches('/').to_string());
-        builder.set_timeout(Duration::from_secs(10));
-        if let Some((user, password)) = &settings.basic_auth {
-            builder.set_basic_authorization(user, Some(password));
-        }
-        let settings = builder
-            .build_with(http)
-            .map_err(|e| anyhow::anyhow!("schema registry client for {url}: {e}"))?;
         Ok(Registry {
             inner: Arc::new(RegistryInner {
-                url: url.to_string(),
-                remote: Some((settings, runtime)),
+                url: settings.url.clone(),
+                remote: Some(remote::Remote::new(settings, runtime)?),
                 schemas_by_id: Mutex::new(HashMap::new()),
                 ids_by_text: Mutex::new(HashMap::new()),
+                versions_by_subject: Mutex::new(HashMap::new()),
                 schemas_parsed: AtomicUsize::new(0),
                 requests: AtomicUsize::new(0),
             }),
@@ -177,6 +181,7 @@ impl Registry {
                 remote: None,
                 schemas_by_id: Mutex::new(HashMap::new()),
                 ids_by_text: Mutex::new(HashMap::new()),
+                versions_by_subject: Mutex::new(HashMap::new()),
                 schemas_parsed: AtomicUsize::new(0),
                 requests: AtomicUsize::new(0),
             }),
@@ -203,23 +208,6 @@ impl Registry {
         self.inner.requests.load(Ordering::Relaxed)
     }
 
-    fn classify(&self, error: schema_registry_converter::error::SRCError) -> RegistryError {
-        let text = match &error.cause {
-            Some(cause) => format!("{}: {cause}", error.error),
-            None => error.error.clone(),
-        };
-        if text.contains("404") {
-            RegistryError::NotFound(text)
-        } else if text.contains("status 4") {
-            RegistryError::Rejected(text)
-        } else {
-            RegistryError::Unavailable {
-                url: self.inner.url.clone(),
-                message: text,
-            }
-        }
-    }
-
     /// The writer schema registered under `id`, from the cache when possible.
     ///
     /// Blocks the calling thread on a cache miss; must not be called from
@@ -229,12 +217,11 @@ impl Registry {
             return Ok(schema);
         }
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
-        let Some((settings, runtime)) = &self.inner.remote else {
+        let Some(remote) = &self.inner.remote else {
             return Err(RegistryError::NotFound(format!("schema id {id}")));
         };
-        let registered = runtime
-            .block_on(get_schema_by_id(id, settings))
-            .map_err(|e| self.classify(e))?;
+        let registered =
+            remote.call(|settings| async move { get_schema_by_id(id, &settings).await })?;
         self.inner.schemas_parsed.fetch_add(1, Ordering::Relaxed);
         let schema = leak_schema(&registered.schema)
             .map_err(|e| RegistryError::Rejected(format!("schema id {id}: {e}")))?;
@@ -246,21 +233,75 @@ impl Registry {
     /// returns its id. An incompatible change is [`RegistryError::Rejected`].
     pub fn register(&self, subject: &str, schema_json: &str) -> Result<u32, RegistryError> {
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
-        let Some((settings, runtime)) = &self.inner.remote else {
-            return self.register_in_memory(schema_json);
+        let Some(remote) = &self.inner.remote else {
+            return self.register_in_memory(subject, schema_json);
         };
-        let supplied = SuppliedSchema::new(None, SchemaType::Avro, schema_json.to_string());
-        let registered = runtime
-            .block_on(post_schema(settings, subject.to_string(), supplied))
-            .map_err(|e| self.classify(e))?;
+        let registered = remote.call(|settings| async move {
+            let supplied = SuppliedSchema::new(None, SchemaType::Avro, schema_json.to_string());
+            post_schema(&settings, subject.to_string(), supplied).await
+        })?;
         Ok(registered.id)
+    }
+
+    /// The latest version of `subject` (`GET /subjects/<subject>/versions/latest`);
+    /// [`RegistryError::NotFound`] when the subject has none.
+    pub fn latest(&self, subject: &str) -> Result<LatestSchema, RegistryError> {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        let Some(remote) = &self.inner.remote else {
+            return self.latest_in_memory(subject);
+        };
+        let latest = remote.call(|settings| async move {
+            get_schema_by_subject_and_version(&settings, subject, None).await
+        })?;
+        let schema_type = match latest.schema_type {
+            // Confluent's registry leaves Avro's type out.
+            SchemaType::Avro => "AVRO".to_string(),
+            SchemaType::Other(other) if other.is_empty() => "AVRO".to_string(),
+            SchemaType::Json => "JSON".to_string(),
+            SchemaType::Protobuf => "PROTOBUF".to_string(),
+            SchemaType::Other(other) => other,
+            other => format!("{other:?}"),
+        };
+        Ok(LatestSchema {
+            id: latest.id,
+            version: latest.version,
+            schema_type,
+            schema: latest.schema,
+        })
+    }
+
+    fn latest_in_memory(&self, subject: &str) -> Result<LatestSchema, RegistryError> {
+        let versions = self.inner.versions_by_subject.lock().unwrap();
+        let ids = versions
+            .get(subject)
+            .filter(|ids| !ids.is_empty())
+            .ok_or_else(|| RegistryError::NotFound(format!("subject {subject}")))?;
+        let (id, schema) = ids.last().unwrap().clone();
+        Ok(LatestSchema {
+            id,
+            version: Some(ids.len() as u32),
+            schema_type: "AVRO".to_string(),
+            schema,
+        })
     }
 
     /// In-memory registration: the same schema (the same text, or the same
     /// canonical form) always gets the same id. A text registered before is
     /// answered from its id alone; a new one is parsed, and kept only if its
     /// canonical form is new too.
-    fn register_in_memory(&self, schema_json: &str) -> Result<u32, RegistryError> {
+    fn register_in_memory(&self, subject: &str, schema_json: &str) -> Result<u32, RegistryError> {
+        let id = self.id_in_memory(schema_json)?;
+        let mut versions = self.inner.versions_by_subject.lock().unwrap();
+        let ids = versions.entry(subject.to_string()).or_default();
+        // Like a remote registry: the schema of an existing version gets no new one.
+        if !ids.iter().any(|(known, _)| *known == id) {
+            ids.push((id, schema_json.to_string()));
+        }
+        Ok(id)
+    }
+
+    /// The in-memory id of a schema text, given out on first sight.
+    fn id_in_memory(&self, schema_json: &str) -> Result<u32, RegistryError> {
         let mut ids_by_text = self.inner.ids_by_text.lock().unwrap();
         if let Some(id) = ids_by_text.get(schema_json) {
             return Ok(*id);
@@ -298,7 +339,10 @@ impl Registry {
                 Err(RegistryError::Rejected(message)) => {
                     return Err(DecodeError::IncompatibleSchema { id, message })
                 }
-                Err(unavailable @ RegistryError::Unavailable { .. }) => {
+                Err(
+                    unavailable @ (RegistryError::Unavailable { .. }
+                    | RegistryError::Refused { .. }),
+                ) => {
                     if shutdown() {
                         return Err(DecodeError::Avro(unavailable.to_string()));
                     }
