@@ -455,6 +455,58 @@ impl Service {
         }
     }
 
+    /// Sends `signal` (`"TERM"`, `"INT"`, ...) and returns at once, without
+    /// waiting for the process to act on it (see [`Service::wait_exit`]).
+    pub fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {} failed", self.child.id());
+    }
+
+    /// Waits until the process handles SIGTERM itself (its handler shows
+    /// in `SigCgt` of /proc/<pid>/status): before that, a SIGTERM kills it
+    /// (or, as PID 1 in a container, is ignored). Returns how long that
+    /// took from now; panics with the log after `timeout`.
+    pub fn wait_for_signal_handler(&self, timeout: Duration) -> Duration {
+        const SIGTERM_BIT: u64 = 1 << (15 - 1);
+        let status = format!("/proc/{}/status", self.child.id());
+        let started = Instant::now();
+        loop {
+            let caught = std::fs::read_to_string(&status)
+                .ok()
+                .and_then(|text| {
+                    let mask = text.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+                    u64::from_str_radix(mask.trim(), 16).ok()
+                })
+                .unwrap_or(0);
+            if caught & SIGTERM_BIT != 0 {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "no SIGTERM handler after {timeout:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Waits until the log holds `text`; panics with the log after `timeout`.
+    pub fn wait_for_log(&self, text: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.log().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "no {text:?} in the log after {timeout:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill(mut self) {
         let _ = self.child.kill();
