@@ -46,11 +46,12 @@ pub struct RuntimeArgs {
     /// /subjects/<subject>/versions/latest`) and its id. The service encodes
     /// records with its own schema, so that version must encode the same
     /// bytes: its Avro Parsing Canonical Form must equal the service's (same
-    /// names, field order and types; docs, defaults and aliases may differ).
-    /// A registry-compatible but different version is refused. Start-up
-    /// fails if the subject has no version or its latest differs. Stage-link
-    /// topics (internal, the service's own) use their subject's latest
-    /// version when it matches and are registered otherwise.
+    /// names, field order and types; docs, defaults, aliases and logical
+    /// types may differ): "compatible" means that here, and a version the
+    /// registry calls compatible but that differs is refused. Start-up fails
+    /// if the subject has no version or its latest differs. Stage-link topics
+    /// (internal, the service's own) use their subject's latest version when
+    /// it matches and are registered otherwise (docs/deploy.md).
     #[arg(
         long,
         env = "SCHEMA_REGISTRY_AUTO_REGISTER",
