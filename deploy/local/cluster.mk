@@ -5,7 +5,7 @@ CLUSTER_SH := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))/cluster.sh
 
 .PHONY: cluster-up cluster-down cluster-clean cluster-kill cluster-start cluster-status
 
-cluster-up: ## start 3 SASL_SSL brokers (127.0.0.1:19092-19094) + a TLS registry (18081); writes $STACK_HOME/cluster/<user>.flags
+cluster-up: build ## start 3 SASL_SSL brokers (127.0.0.1:19092-19094) + a TLS registry (18081); writes $STACK_HOME/cluster/<user>.flags
 	@bash $(CLUSTER_SH) up
 
 cluster-down: ## stop the cluster (data, users, ACLs kept)

@@ -55,7 +55,9 @@ pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) 
             _ => None,
         });
     let result = match tool.as_deref() {
-        None => build(S::parse()).map(Pipeline::run),
+        // Signals are heard before the flags are even read: building a
+        // pipeline may take a while (embed-batcher loads its model).
+        None => Process::start().and_then(|process| Ok(build(S::parse())?.run(process))),
         Some(tool) => {
             argv.remove(1);
             argv[0] = format!("{} {tool}", argv[0].to_string_lossy()).into();
@@ -124,10 +126,10 @@ struct AclsCli<S: Args> {
 }
 
 /// Caps glibc's malloc arenas at one per processing thread, before the
-/// runtime starts its threads, unless `MALLOC_ARENA_MAX` says otherwise.
-/// Threads a service started earlier (embed-batcher's model pool, made while
-/// its settings are read) may already hold arenas of their own; the cap
-/// applies to arenas created from here on.
+/// stages start their threads, unless `MALLOC_ARENA_MAX` says otherwise.
+/// Threads started earlier (the tokio worker, embed-batcher's model pool,
+/// made while its settings are read) may already hold arenas of their own;
+/// the cap applies to arenas created from here on.
 ///
 /// Rust code allocates with mimalloc; glibc serves librdkafka and RocksDB.
 /// glibc gives threads that allocate at once their own arenas (up to eight
@@ -242,11 +244,11 @@ impl Pipeline {
         })
     }
 
-    /// Runs every stage until SIGTERM/SIGINT; the exit code says whether the
-    /// service stopped cleanly.
-    pub fn run(self) -> ExitCode {
+    /// Runs every stage in `process` until SIGTERM/SIGINT; the exit code
+    /// says whether the service stopped cleanly.
+    fn run(self, process: Process) -> ExitCode {
         init_tracing(self.args.log_format);
-        match self.run_stages() {
+        match self.run_stages(process) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!("{error:#}");
@@ -256,18 +258,14 @@ impl Pipeline {
         }
     }
 
-    fn run_stages(self) -> anyhow::Result<()> {
+    fn run_stages(self, process: Process) -> anyhow::Result<()> {
         self.args.check()?;
         limit_malloc_arenas(self.args.stream_threads * self.stages.len());
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        // Signals first: one that arrives during start-up must stop it.
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let starting = Arc::new(AtomicBool::new(true));
-        let signals = Signals::install(&runtime)?;
-        runtime.spawn(signals.watch(shutdown.clone(), starting.clone()));
+        let Process {
+            runtime,
+            shutdown,
+            starting,
+        } = process;
         match self.start_and_run(&runtime, shutdown, &starting) {
             Err(error) if is_interrupted(&error) => {
                 tracing::info!("stopped during start-up");
@@ -359,6 +357,35 @@ impl Pipeline {
         });
         tracing::info!("stopped");
         results.into_iter().collect()
+    }
+}
+
+/// What a service process has before its pipeline is built: the tokio
+/// runtime (HTTP, signals, registry calls) and the signal handlers, with
+/// the flags they set.
+struct Process {
+    runtime: tokio::runtime::Runtime,
+    shutdown: Arc<AtomicBool>,
+    /// Start-up is under way (see [`Signals::watch`]).
+    starting: Arc<AtomicBool>,
+}
+
+impl Process {
+    /// The runtime, with SIGTERM and SIGINT handled from here on.
+    fn start() -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let starting = Arc::new(AtomicBool::new(true));
+        let signals = Signals::install(&runtime)?;
+        runtime.spawn(signals.watch(shutdown.clone(), starting.clone()));
+        Ok(Process {
+            runtime,
+            shutdown,
+            starting,
+        })
     }
 }
 

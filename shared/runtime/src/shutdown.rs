@@ -81,7 +81,7 @@ impl Signals {
                      (nothing was committed yet)",
                     STARTUP_GRACE.as_secs()
                 );
-                std::process::exit(SIGNALLED_EXIT_CODE);
+                exit_now();
             }
             std::future::pending::<()>().await
         };
@@ -89,7 +89,7 @@ impl Signals {
             () = grace => {}
             name = self.next() => {
                 tracing::warn!(signal = name, "second signal: exiting at once");
-                std::process::exit(SIGNALLED_EXIT_CODE);
+                exit_now();
             }
         }
     }
@@ -100,6 +100,13 @@ impl Signals {
             _ = self.interrupt.recv() => "SIGINT",
         }
     }
+}
+
+/// Ends the process at once, as a signal's default action would: no exit
+/// handlers (RocksDB's static destructors) run under threads still at work.
+fn exit_now() -> ! {
+    // SAFETY: _exit only ends the process.
+    unsafe { libc::_exit(SIGNALLED_EXIT_CODE) }
 }
 
 #[cfg(test)]

@@ -332,6 +332,12 @@ impl Delivery {
         let result = self.try_commit(generation, offsets, group, phases);
         let outlived = self.transactional && began.elapsed() >= self.transaction_timeout;
         if result.is_err() {
+            if let Some(denied) = self.producer.context().denied.lock().unwrap().take() {
+                return Err(CommitError::Fatal(format!(
+                    "not authorized: {denied}; this user lacks the WRITE ACL on that topic \
+                     (`<service> acls` lists what a service needs)"
+                )));
+            }
             self.send_failure = None;
             self.replace_if_fatal()?;
         }

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use rdkafka::error::KafkaError;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::ClientContext;
@@ -36,6 +37,9 @@ pub struct DeliveryReports {
     pub(super) failure: Mutex<Option<KafkaError>>,
     /// Reports served (delivered or failed), per generation.
     pub(super) reported: [AtomicU64; GENERATIONS],
+    /// What the broker refused for want of an ACL, once: retrying cannot
+    /// help, so the next commit fails for good with it.
+    pub(super) denied: Mutex<Option<String>>,
 }
 
 impl Default for DeliveryReports {
@@ -44,11 +48,45 @@ impl Default for DeliveryReports {
             offsets: Mutex::default(),
             failure: Mutex::default(),
             reported: std::array::from_fn(|_| AtomicU64::new(0)),
+            denied: Mutex::default(),
         }
     }
 }
 
-impl ClientContext for DeliveryReports {}
+impl DeliveryReports {
+    fn deny(&self, what: String) {
+        self.denied.lock().unwrap().get_or_insert(what);
+    }
+}
+
+impl ClientContext for DeliveryReports {
+    /// librdkafka's log, as rdkafka's default forwards it; a transaction
+    /// that a missing ACL made abortable shows only here ("Failed to add
+    /// partition ... to transaction: Broker: Topic authorization failed"),
+    /// and later sends fail with a bare "Erroneous state".
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        if message.contains("authorization failed") {
+            self.deny(message.to_string());
+        }
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Debug => {
+                tracing::debug!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+        }
+    }
+}
 
 impl ProducerContext for DeliveryReports {
     type DeliveryOpaque = usize;
@@ -63,7 +101,13 @@ impl ProducerContext for DeliveryReports {
                 *offset = (*offset).max(message.offset());
             }
             Ok(_) => {}
-            Err((error, _)) => {
+            Err((error, message)) => {
+                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
+                    self.deny(format!(
+                        "cannot write to topic {}: {error}",
+                        message.topic()
+                    ));
+                }
                 self.failure
                     .lock()
                     .unwrap()

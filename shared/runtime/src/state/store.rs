@@ -201,9 +201,10 @@ impl TaskStore {
         let mut warned = false;
         loop {
             match Self::open(path, names, resources) {
-                Err(error)
-                    if is_locked(&error) && std::time::Instant::now() < deadline && !give_up() =>
-                {
+                Err(error) if is_locked(&error) && give_up() => {
+                    return Err(crate::shutdown::Interrupted.into())
+                }
+                Err(error) if is_locked(&error) && std::time::Instant::now() < deadline => {
                     if !std::mem::replace(&mut warned, true) {
                         tracing::info!(path = %path.display(), "state store locked by its previous owner; waiting");
                     }
