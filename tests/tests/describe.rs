@@ -10,9 +10,11 @@ use e2e_tests::fixture_runs::{self, Host, Launcher};
 use e2e_tests::*;
 use serde_json::Value;
 
-/// Starts services as [`Host`] does, remembering the arguments of the last.
+/// Starts services as [`Host`] does, with `extra` flags after the run's
+/// own, remembering the arguments of the last.
 #[derive(Default)]
 struct Recording {
+    extra: Vec<String>,
     last: RefCell<Option<(&'static str, Vec<String>)>>,
 }
 
@@ -20,8 +22,10 @@ impl Launcher for Recording {
     type Running = Service;
 
     fn start(&self, service: &'static str, arguments: &[String]) -> Service {
-        *self.last.borrow_mut() = Some((service, arguments.to_vec()));
-        Host.start(service, arguments)
+        let mut arguments = arguments.to_vec();
+        arguments.extend(self.extra.iter().cloned());
+        *self.last.borrow_mut() = Some((service, arguments.clone()));
+        Host.start(service, &arguments)
     }
 }
 
@@ -134,6 +138,57 @@ fn order_shipment_joiner_creates_what_it_describes() {
 #[test]
 fn window_aggregator_creates_what_it_describes() {
     described_topics_are_created(fixture_runs::window_aggregator_on);
+}
+
+/// The configs `streamctl topics describe` shows set on `topic`.
+fn topic_configs(topic: &str) -> BTreeSet<String> {
+    streamctl_ok(&["topics", "describe", topic])
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("config "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn internal_topics_are_made_as_the_flags_say() {
+    let recording = Recording {
+        extra: args(&[
+            "--internal-topic-replication-factor",
+            "1",
+            "--internal-topic-config",
+            "max.message.bytes=2000000",
+            "--changelog-topic-config",
+            "segment.bytes=20000000",
+            "--repartition-topic-config",
+            "retention.ms=86400000",
+        ]),
+        ..Recording::default()
+    };
+    fixture_runs::order_shipment_joiner_on(&recording);
+    let (binary, arguments) = recording.last.borrow().clone().unwrap();
+    let description = tool_json(binary, "describe", &arguments);
+    let stage = &description["stages"][0];
+    let set =
+        |items: &[&str]| -> BTreeSet<String> { items.iter().map(|s| s.to_string()).collect() };
+    for store in stage["stores"].as_array().unwrap() {
+        assert_eq!(
+            topic_configs(store["changelog"].as_str().unwrap()),
+            set(&[
+                "cleanup.policy=compact",
+                "max.message.bytes=2000000",
+                "segment.bytes=20000000"
+            ])
+        );
+    }
+    let repartition = stage["sources"][1]["repartition_topic"].as_str().unwrap();
+    assert_eq!(
+        topic_configs(repartition),
+        set(&["max.message.bytes=2000000", "retention.ms=86400000"])
+    );
+    assert_eq!(
+        topic_configs(description["dead_letter_topic"].as_str().unwrap()),
+        set(&["max.message.bytes=2000000"])
+    );
 }
 
 #[test]

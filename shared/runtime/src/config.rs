@@ -342,6 +342,41 @@ mod tests {
     }
 
     #[test]
+    fn every_kafka_codec_is_a_compression_type_and_nothing_else() {
+        for codec in ["none", "gzip", "snappy", "lz4", "zstd"] {
+            let args = parse(&["--compression-type", codec]).unwrap();
+            assert_eq!(args.compression_type.as_str(), codec);
+        }
+        let error = parse(&["--compression-type", "brotli"]).err().unwrap();
+        assert!(
+            error.to_string().contains("invalid value 'brotli'"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn internal_topic_settings_repeat_and_split_on_commas() {
+        let args = parse(&[
+            "--internal-topic-replication-factor",
+            "3",
+            "--internal-topic-config",
+            "min.insync.replicas=2",
+            "--changelog-topic-config",
+            "segment.bytes=1048576,min.compaction.lag.ms=0",
+        ])
+        .unwrap();
+        let topics = args.internal_topics;
+        assert_eq!(topics.internal_topic_replication_factor, Some(3));
+        assert_eq!(
+            topics.topic_configs,
+            [("min.insync.replicas".into(), "2".into())]
+        );
+        assert_eq!(topics.changelog_configs.len(), 2);
+        assert!(parse(&["--internal-topic-replication-factor", "0"]).is_err());
+        assert!(parse(&["--internal-topic-config", "no-value"]).is_err());
+    }
+
+    #[test]
     fn one_stream_thread_by_default_and_a_positive_bounded_count_otherwise() {
         if std::env::var_os("STREAM_THREADS").is_none() {
             assert_eq!(parse(&[]).unwrap().stream_threads, 1);

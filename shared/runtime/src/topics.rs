@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, ConfigSource, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use std::sync::Mutex;
 
 use rdkafka::client::{ClientContext, DefaultClientContext};
@@ -44,6 +46,36 @@ impl ClientContext for LastError {
 }
 
 impl ConsumerContext for LastError {}
+
+/// When the brokers answered the TLS handshake with a certificate alert
+/// and the client presented a certificate, what to check: the broker's
+/// alert (in TLS 1.3 always `certificate unknown`) does not say why it
+/// refused it.
+fn client_certificate_hint(config: &ClientConfig, cause: &str) -> String {
+    let refused = [
+        "alert certificate unknown",
+        "alert bad certificate",
+        "alert certificate expired",
+        "alert unsupported certificate",
+    ]
+    .iter()
+    .any(|alert| cause.contains(alert));
+    let certificate = config
+        .get("ssl.certificate.location")
+        .or_else(|| config.get("ssl.keystore.location"))
+        .or_else(|| {
+            config
+                .get("ssl.certificate.pem")
+                .map(|_| "(ssl.certificate.pem)")
+        });
+    match certificate {
+        Some(certificate) if refused => format!(
+            "; the brokers refused the client certificate {certificate}: is it expired or \
+             not yet valid, signed by a CA they do not trust, or not for client authentication?"
+        ),
+        _ => String::new(),
+    }
+}
 
 /// A topic to create if it does not exist.
 pub struct TopicSpec<'a> {
@@ -84,9 +116,16 @@ impl Admin {
             // to the context, say what went wrong.
             while metadata.poll(Duration::from_millis(10)).is_some() {}
             match metadata.context().0.lock().unwrap().take() {
+                Some(cause) if cause.contains("OAUTHBEARER token") => anyhow::anyhow!(
+                    "cannot log in to Kafka at {bootstrap}: no OAUTHBEARER token from the token endpoint {}: {cause}",
+                    config
+                        .get("sasl.oauthbearer.token.endpoint.url")
+                        .unwrap_or("(sasl.oauthbearer.token.endpoint.url not set)")
+                ),
                 Some(cause) => anyhow::anyhow!(
-                    "cannot reach Kafka at {bootstrap} within {}s: {cause}",
-                    timeout.as_secs_f32()
+                    "cannot reach Kafka at {bootstrap} within {}s: {cause}{}",
+                    timeout.as_secs_f32(),
+                    client_certificate_hint(config, &cause)
                 ),
                 None => anyhow::anyhow!(
                     "cannot reach Kafka at {bootstrap} within {}s ({e}); is the broker running? (--bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS)",
@@ -152,6 +191,31 @@ impl Admin {
         }
         partitions.sort_by_key(|p| p.id);
         Ok(partitions)
+    }
+
+    /// The configs of `topic` set on the topic itself (not the broker's
+    /// defaults), sorted by name.
+    pub fn topic_configs(&self, topic: &str) -> anyhow::Result<Vec<(String, String)>> {
+        let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
+        let results = self
+            .runtime
+            .block_on(
+                self.admin
+                    .describe_configs([&ResourceSpecifier::Topic(topic)], &options),
+            )
+            .map_err(|e| anyhow::anyhow!("cannot read the configs of topic {topic}: {e}"))?;
+        let mut configs = Vec::new();
+        for result in results {
+            let resource = result
+                .map_err(|e| anyhow::anyhow!("cannot read the configs of topic {topic}: {e}"))?;
+            for entry in resource.entries {
+                if matches!(entry.source, ConfigSource::DynamicTopic) {
+                    configs.push((entry.name, entry.value.unwrap_or_default()));
+                }
+            }
+        }
+        configs.sort();
+        Ok(configs)
     }
 
     /// Partition count of `topic`, or `None` if it does not exist.
@@ -334,5 +398,24 @@ impl Admin {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+#[cfg(test)]
+mod login_error_tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_client_certificate_is_named_with_what_to_check() {
+        let alert = "ssl://127.0.0.1:19123/bootstrap: Receive failed: error:0A000416:SSL \
+                     routines::sslv3 alert certificate unknown: SSL alert number 46";
+        let mut config = ClientConfig::new();
+        assert_eq!(client_certificate_hint(&config, alert), "");
+        config.set("ssl.certificate.location", "/etc/kafka/client.pem");
+        let hint = client_certificate_hint(&config, alert);
+        assert!(hint.contains("refused the client certificate /etc/kafka/client.pem"));
+        assert!(hint.contains("expired"), "{hint}");
+        let refused_login = "SASL authentication error: Authentication failed";
+        assert_eq!(client_certificate_hint(&config, refused_login), "");
     }
 }

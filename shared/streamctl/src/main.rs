@@ -63,7 +63,7 @@ enum TopicsCommand {
     },
     /// List topics.
     List,
-    /// Show a topic's partitions, leaders and offsets.
+    /// Show a topic's partitions, leaders, offsets and the configs set on it.
     Describe { name: String },
 }
 
@@ -177,6 +177,9 @@ fn topics(connection: &Connection, command: TopicsCommand) -> anyhow::Result<()>
                     "  partition {:>3}  leader {:>3}  replicas {:?}  offsets {}..{}",
                     p.id, p.leader, p.replicas, p.low, p.high
                 );
+            }
+            for (key, value) in admin.topic_configs(&name)? {
+                println!("  config {key}={value}");
             }
         }
     }
