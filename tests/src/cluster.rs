@@ -113,38 +113,32 @@ pub fn password(user: &str) -> String {
         .to_string()
 }
 
-/// A secret file of the cluster's, trimmed.
-fn secret(file: &str) -> String {
-    let path = home().join("secrets").join(file);
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .to_string()
-}
-
-/// Every secret of the cluster: the users' SCRAM passwords and the
-/// registry's, each user's PLAIN password and OIDC client secret, and a
-/// line of each private key (the users' TLS client keys, the issuer's
-/// signing key), which any copy of the key would show.
+/// Every secret of the cluster, from the files of `cluster/secrets/`: the
+/// users' SCRAM passwords and the registry's (`<user>.password`), each
+/// user's PLAIN password (`.plain-password`) and OIDC client secret
+/// (`.oidc-secret`), and a line of each private key (`.key`: the users' TLS
+/// client keys, the issuer's signing key), which any copy of the key shows.
 pub fn passwords() -> Vec<String> {
-    let mut secrets: Vec<String> = USERS
-        .iter()
-        .chain(&["registry"])
-        .map(|user| password(user))
-        .collect();
-    for user in USERS {
-        secrets.push(secret(&format!("{user}.plain-password")));
-        secrets.push(secret(&format!("{user}.oidc-secret")));
+    let dir = home().join("secrets");
+    let mut secrets = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let text =
+            || std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if [".password", ".plain-password", ".oidc-secret"]
+            .iter()
+            .any(|kind| name.ends_with(kind))
+        {
+            secrets.push(text().trim().to_string());
+        } else if name.ends_with(".key") {
+            let line = text().lines().nth(1).unwrap_or_default().to_string();
+            assert!(line.len() >= 40, "{name}: not a PEM key");
+            secrets.push(line);
+        }
     }
-    let keys = USERS
-        .iter()
-        .map(|user| format!("{user}-client.key"))
-        .chain(["issuer-signing.key".to_string()]);
-    for key in keys {
-        let pem = secret(&key);
-        let line = pem.lines().nth(1).unwrap_or_default();
-        assert!(line.len() >= 40, "{key}: not a PEM key");
-        secrets.push(line.to_string());
+    for user in USERS.iter().chain(&["registry"]) {
+        assert!(secrets.contains(&password(user)), "no password of {user}");
     }
     secrets
 }

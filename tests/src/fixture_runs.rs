@@ -17,6 +17,12 @@ pub trait Launcher {
 
     /// Starts `service` with `arguments`, ready to take its input.
     fn start(&self, service: &'static str, arguments: &[String]) -> Self::Running;
+
+    /// Produces a fixture's input lines to `topic` ([`produce`]; a launcher
+    /// may add client properties, such as a codec).
+    fn produce(&self, topic: &str, schema_topic: &str, lines: &[Value]) {
+        produce(topic, schema_topic, lines);
+    }
 }
 
 /// A service started by a [`Launcher`].
@@ -70,12 +76,12 @@ pub fn sensor_fusion_on<L: Launcher>(launcher: &L) -> L::Running {
             &unique("sensor-fusion"),
         ]),
     );
-    produce(
+    launcher.produce(
         &temperature,
         "temperature-readings",
         &fixture("sensor-fusion/temperature-readings.jsonl"),
     );
-    produce(
+    launcher.produce(
         &humidity,
         "humidity-readings",
         &fixture("sensor-fusion/humidity-readings.jsonl"),
@@ -111,12 +117,12 @@ pub fn order_shipment_joiner_on<L: Launcher>(launcher: &L) -> L::Running {
             &unique("order-shipment-joiner"),
         ]),
     );
-    produce(
+    launcher.produce(
         &orders,
         "orders",
         &fixture("order-shipment-joiner/orders.jsonl"),
     );
-    produce(
+    launcher.produce(
         &shipments,
         "shipments",
         &fixture("order-shipment-joiner/shipments.jsonl"),
@@ -129,9 +135,14 @@ pub fn order_shipment_joiner_on<L: Launcher>(launcher: &L) -> L::Running {
 
 /// sessionizer: bob's session ends on the timeout.
 pub fn sessionizer() -> Service {
+    sessionizer_on(&Host)
+}
+
+/// [`sessionizer`], started by `launcher`.
+pub fn sessionizer_on<L: Launcher>(launcher: &L) -> L::Running {
     let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
-    let service = run.start(&[]);
-    produce(
+    let service = launcher.start(run.binary, &run.args(&[]));
+    launcher.produce(
         &run.input,
         "user-events",
         &fixture("sessionizer/user-events.jsonl"),
@@ -160,7 +171,7 @@ pub fn window_aggregator_on<L: Launcher>(launcher: &L) -> L::Running {
         1,
     );
     let service = launcher.start(run.binary, &run.args(&[]));
-    produce(
+    launcher.produce(
         &run.input,
         "orders-marketplace",
         &fixture("window-aggregator/orders-marketplace.jsonl"),
@@ -175,12 +186,21 @@ pub fn window_aggregator_on<L: Launcher>(launcher: &L) -> L::Running {
 /// 3`): acme's full batch, globex's and initech's smaller ones, and acme's
 /// stale edit counted as late.
 pub fn embed_batcher() -> Service {
+    embed_batcher_on(&Host)
+}
+
+/// [`embed_batcher`], started by `launcher` (on the host: it reads the
+/// service's metrics).
+pub fn embed_batcher_on<L: Launcher<Running = Service>>(launcher: &L) -> Service {
     let run = SingleInputRun::new("embed-batcher", "articles", "article-embeddings", 1);
-    let service = run.start(&["--batch-size", "3", "--embedder", "hashing"]);
+    let service = launcher.start(
+        run.binary,
+        &run.args(&["--batch-size", "3", "--embedder", "hashing"]),
+    );
     let text = std::fs::read_to_string(workspace().join("deploy/local/demo-data/articles.jsonl"))
         .expect("demo data");
     let input = parse_jsonl(&text);
-    produce(&run.input, "articles", &input);
+    launcher.produce(&run.input, "articles", &input);
     let edits: Vec<Edit> = input.iter().map(Edit::from_line).collect();
     let t = 1_783_332_000_000;
     let expected = [

@@ -167,8 +167,14 @@ pub fn write_jsonl(lines: &[Value]) -> PathBuf {
 
 /// Produces `lines` (`{"key", "value"}`) to `topic` with the schema of `schema_topic`.
 pub fn produce(topic: &str, schema_topic: &str, lines: &[Value]) {
+    produce_with(topic, schema_topic, lines, &[]);
+}
+
+/// [`produce`] with more `streamctl` flags, e.g. `["--kafka",
+/// "compression.type=gzip"]`.
+pub fn produce_with(topic: &str, schema_topic: &str, lines: &[Value], flags: &[&str]) {
     let file = write_jsonl(lines);
-    produce_file(topic, schema_topic, &file);
+    produce_file_with(topic, schema_topic, &file, flags);
     let _ = std::fs::remove_file(file);
 }
 
@@ -181,8 +187,13 @@ pub fn produce(topic: &str, schema_topic: &str, lines: &[Value]) {
 /// in the cluster tests), so the whole file is produced again, as a user
 /// would.
 pub fn produce_file(topic: &str, schema_topic: &str, file: &Path) {
+    produce_file_with(topic, schema_topic, file, &[]);
+}
+
+/// [`produce_file`] with more `streamctl` flags.
+pub fn produce_file_with(topic: &str, schema_topic: &str, file: &Path, flags: &[&str]) {
     let schema = schema(schema_topic);
-    let args = [
+    let mut args = vec![
         "produce",
         "--topic",
         topic,
@@ -191,6 +202,7 @@ pub fn produce_file(topic: &str, schema_topic: &str, file: &Path) {
         "--file",
         file.to_str().unwrap(),
     ];
+    args.extend_from_slice(flags);
     for _ in 1..5 {
         let output = streamctl(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);
