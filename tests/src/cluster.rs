@@ -116,8 +116,9 @@ pub fn password(user: &str) -> String {
 /// Every secret of the cluster, from the files of `cluster/secrets/`: the
 /// users' SCRAM passwords and the registry's (`<user>.password`), each
 /// user's PLAIN password (`.plain-password`) and OIDC client secret
-/// (`.oidc-secret`), and a line of each private key (`.key`: the users' TLS
-/// client keys, the issuer's signing key), which any copy of the key shows.
+/// (`.oidc-secret`), the registry's bearer token (`.token`), and a line of
+/// each private key (`.key`: the users' TLS client keys, the issuer's
+/// signing key, ...), which any copy of the key shows.
 pub fn passwords() -> Vec<String> {
     let dir = home().join("secrets");
     let mut secrets = Vec::new();
@@ -126,7 +127,7 @@ pub fn passwords() -> Vec<String> {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         let text =
             || std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        if [".password", ".plain-password", ".oidc-secret"]
+        if [".password", ".plain-password", ".oidc-secret", ".token"]
             .iter()
             .any(|kind| name.ends_with(kind))
         {
