@@ -1,6 +1,7 @@
 //! The services on a secured three-broker cluster (deploy/local/cluster.sh):
 //! SASL_SSL with SCRAM-SHA-512, ACLs, replication factor 3 with
-//! `min.insync.replicas=2`, a TLS registry with basic auth.
+//! `min.insync.replicas=2`, a TLS registry with basic auth, bearer tokens
+//! (JWT) and client certificates.
 //!
 //! One test binary, so the cluster starts once (a no-op when `make test` or
 //! `make cluster-up` started it). Tests that stop brokers hold the write
@@ -62,15 +63,25 @@ fn embed_batcher_fixture_through_sasl_ssl() {
 
 /// The sessionizer's properties file with `key` set to `value`.
 fn sessionizer_properties_with(key: &str, value: &str) -> PathBuf {
+    sessionizer_properties_edited(&[key], &format!("{key}={value}\n"))
+}
+
+/// The sessionizer's properties file without the properties `remove` and
+/// with the lines `add`.
+fn sessionizer_properties_edited(remove: &[&str], add: &str) -> PathBuf {
     // The cluster writes the user's properties file when it starts.
     cluster::use_cluster();
     let original = std::fs::read_to_string(cluster::properties("sessionizer")).unwrap();
     let mut text: String = original
         .lines()
-        .filter(|line| !line.starts_with(&format!("{key}=")))
+        .filter(|line| {
+            !remove
+                .iter()
+                .any(|key| line.starts_with(&format!("{key}=")))
+        })
         .map(|line| format!("{line}\n"))
         .collect();
-    text.push_str(&format!("{key}={value}\n"));
+    text.push_str(add);
     let path = scratch_dir().join(format!("{}.properties", unique("client")));
     std::fs::write(&path, text).unwrap();
     path
@@ -79,6 +90,11 @@ fn sessionizer_properties_with(key: &str, value: &str) -> PathBuf {
 /// Starts the sessionizer with `properties` over a fresh input, expects
 /// it to exit with an error within a minute and returns its log.
 fn sessionizer_fails(properties: &Path, output: &str) -> String {
+    sessionizer_fails_with(properties, output, &[])
+}
+
+/// [`sessionizer_fails`] with `extra` flags.
+fn sessionizer_fails_with(properties: &Path, output: &str, extra: &[&str]) -> String {
     cluster::use_cluster();
     let _brokers = BROKERS.read().unwrap_or_else(|e| e.into_inner());
     let input = unique("user-events");
@@ -96,7 +112,10 @@ fn sessionizer_fails(properties: &Path, output: &str) -> String {
             // The flags file names the user's own; a later flag wins.
             "--kafka-config-file",
             properties.to_str().unwrap(),
-        ]),
+        ])
+        .into_iter()
+        .chain(args(extra))
+        .collect::<Vec<_>>(),
     );
     let (status, log) = service
         .wait_exit(Duration::from_secs(60))
@@ -149,6 +168,219 @@ fn an_output_topic_without_an_acl_is_named_with_the_operation() {
         "{log}"
     );
     assert!(log.contains("DESCRIBE ACL"), "{log}");
+}
+
+// ---- the registry's other logins, and auto-registration turned off ----------
+
+/// The registry's basic-auth property, which the other registry logins replace.
+const REGISTRY_BASIC: &str = "schema.registry.basic.auth.user.info";
+
+/// The sessionizer's properties with the registry login that cluster.sh
+/// wrote to `secrets/registry-<method>.properties` in place of basic auth.
+fn sessionizer_registry_login(method: &str) -> PathBuf {
+    cluster::use_cluster();
+    let login = cluster::home()
+        .join("secrets")
+        .join(format!("registry-{method}.properties"));
+    let lines =
+        std::fs::read_to_string(&login).unwrap_or_else(|e| panic!("{}: {e}", login.display()));
+    sessionizer_properties_edited(&[REGISTRY_BASIC], &lines)
+}
+
+/// `properties` log in to the registry with `key` (a line starting with
+/// it), not with basic auth. Only keys are shown: the file holds passwords.
+fn assert_registry_login(properties: &Path, key: &str) {
+    let text = std::fs::read_to_string(properties).unwrap();
+    let keys: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_once('=').map(|(key, _)| key))
+        .collect();
+    assert!(!keys.contains(&REGISTRY_BASIC), "{keys:?}");
+    assert!(text.lines().any(|line| line.starts_with(key)), "{keys:?}");
+}
+
+/// The registry user's bearer token (a JWT), as cluster.sh minted it.
+fn registry_token() -> String {
+    let path = cluster::home().join("secrets/registry.token");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .to_string()
+}
+
+/// Starts services with a properties file of its own and more flags, once
+/// `prepare` has seen the run's output topic.
+struct HostWith<'a> {
+    properties: PathBuf,
+    extra: &'a [&'a str],
+    prepare: &'a dyn Fn(&str),
+}
+
+impl fixture_runs::Launcher for HostWith<'_> {
+    type Running = Service;
+
+    fn start(&self, service: &'static str, arguments: &[String]) -> Service {
+        let at = arguments
+            .iter()
+            .position(|a| a == "--output-topic")
+            .unwrap();
+        (self.prepare)(&arguments[at + 1]);
+        let mut arguments = arguments.to_vec();
+        arguments.extend(args(&[
+            "--kafka-config-file",
+            self.properties.to_str().unwrap(),
+        ]));
+        arguments.extend(args(self.extra));
+        Service::start(service, &arguments)
+    }
+}
+
+/// The sessionizer fixture, exact, with `properties`, `extra` flags and
+/// `prepare`; nothing secret in its log and answers.
+fn sessionizer_fixture_with(properties: PathBuf, extra: &[&str], prepare: &dyn Fn(&str)) {
+    cluster::use_cluster();
+    let _brokers = BROKERS.read().unwrap_or_else(|e| e.into_inner());
+    let started = Instant::now();
+    let service = fixture_runs::sessionizer_on(&HostWith {
+        properties,
+        extra,
+        prepare,
+    });
+    assert_nothing_leaks(&service);
+    assert!(
+        !service.log().contains(&registry_token()),
+        "the token shows in the log"
+    );
+    eprintln!("exact output after {:?}", started.elapsed());
+}
+
+#[test]
+fn sessionizer_fixture_with_a_registry_bearer_token_from_a_file() {
+    let properties = sessionizer_registry_login("bearer");
+    assert_registry_login(&properties, "schema.registry.bearer.auth.token.location=");
+    sessionizer_fixture_with(properties, &[], &|_| {});
+}
+
+#[test]
+fn sessionizer_fixture_with_a_registry_client_certificate() {
+    let properties = sessionizer_registry_login("mtls");
+    assert_registry_login(&properties, "schema.registry.ssl.certificate.location=");
+    sessionizer_fixture_with(properties, &[], &|_| {});
+}
+
+#[test]
+fn a_wrong_registry_token_is_refused_at_startup() {
+    // The registry's own token with its signature spoiled: well-formed, not valid.
+    let token = registry_token();
+    let wrong = format!("{}AAAA", &token[..token.len() - 4]);
+    assert_ne!(wrong, token);
+    let properties = sessionizer_properties_edited(
+        &[REGISTRY_BASIC],
+        &format!("schema.registry.bearer.auth.token={wrong}\n"),
+    );
+    let started = Instant::now();
+    let log = sessionizer_fails(&properties, &unique("user-sessions"));
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert!(
+        log.contains(
+            "refused the credentials of schema.registry.bearer.auth.token (HTTP 401 Unauthorized)"
+        ),
+        "{log}"
+    );
+    assert!(
+        !log.contains(&wrong[20..]),
+        "the token shows in the log:\n{log}"
+    );
+}
+
+/// The flag that turns registration off.
+const NO_AUTO_REGISTER: [&str; 2] = ["--schema-registry-auto-register", "false"];
+
+/// Registers the `.avsc` at `schema` under `<topic>-value`, as a user
+/// would with streamctl (creating the topic, producing nothing).
+fn register_schema(topic: &str, schema: &Path) {
+    create_topic(topic, 1);
+    let empty = write_jsonl(&[]);
+    streamctl_ok(&[
+        "produce",
+        "--topic",
+        topic,
+        "--schema",
+        schema.to_str().unwrap(),
+        "--file",
+        empty.to_str().unwrap(),
+    ]);
+}
+
+#[test]
+fn without_auto_registration_a_missing_output_schema_is_named() {
+    let output = unique("user-sessions");
+    let log = sessionizer_fails_with(
+        &cluster::properties("sessionizer"),
+        &output,
+        &NO_AUTO_REGISTER,
+    );
+    assert!(
+        log.contains(&format!(
+            "subject {output}-value has no schema in the schema registry"
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "Register the output schema under {output}-value first"
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains("--schema-registry-auto-register true"),
+        "{log}"
+    );
+}
+
+#[test]
+fn without_auto_registration_the_output_schema_registered_beforehand_is_used() {
+    sessionizer_fixture_with(
+        cluster::properties("sessionizer"),
+        &NO_AUTO_REGISTER,
+        &|output| register_schema(output, &schema("user-sessions")),
+    );
+}
+
+#[test]
+fn without_auto_registration_a_different_latest_schema_is_refused() {
+    // Version 2 adds a field with a default: the registry takes it as a
+    // BACKWARD-compatible change, but it does not encode like the
+    // service's schema.
+    let original: Value =
+        serde_json::from_str(&std::fs::read_to_string(schema("user-sessions")).unwrap()).unwrap();
+    let mut changed = original.clone();
+    changed["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "channel", "type": "string", "default": "web"}));
+    let changed_path = scratch_dir().join(format!("{}.avsc", unique("user-sessions-v2")));
+    std::fs::write(&changed_path, changed.to_string()).unwrap();
+    let output = unique("user-sessions");
+    cluster::use_cluster();
+    register_schema(&output, &schema("user-sessions"));
+    register_schema(&output, &changed_path);
+    let log = sessionizer_fails_with(
+        &cluster::properties("sessionizer"),
+        &output,
+        &NO_AUTO_REGISTER,
+    );
+    let expected = format!("the latest schema of subject {output}-value (version 2, id ");
+    assert!(log.contains(&expected), "{log}");
+    assert!(
+        log.contains(
+            "the registry's record io.streams.sessions.UserSession has a field `channel` \
+             (field 8) that the service's has not"
+        ),
+        "{log}"
+    );
+    assert!(log.contains("same Avro Parsing Canonical Form"), "{log}");
 }
 
 /// `count` orders a second apart and one shipment each, `order_id % 24`
