@@ -4,6 +4,7 @@
 //! topics and application id, and the service runs with exact output;
 //! granted all but one, it stops within a minute, naming what it lacks.
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use e2e_tests::cluster;
@@ -13,22 +14,22 @@ use serde_json::Value;
 
 const PROBE: &str = "acl-probe";
 
-/// One grant: a resource and one operation on it, as `kafka-acls` arguments.
+/// One test at a time: each grants ACLs with a handful of JVMs (Kafka's
+/// AclCommand), which side by side starve the brokers on two cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serialized() -> MutexGuard<'static, ()> {
+    cluster::use_cluster();
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One grant: a resource and one operation on it.
 #[derive(Debug, Clone, PartialEq)]
 struct Grant {
     resource: String,
     name: String,
     pattern: String,
     operation: String,
-}
-
-impl Grant {
-    fn kafka_acls_args(&self) -> String {
-        format!(
-            "--add --allow-principal 'User:{PROBE}' {} '{}' --resource-pattern-type {} --operation {}",
-            self.resource, self.name, self.pattern, self.operation
-        )
-    }
 }
 
 /// What `service acls` lists for `arguments`, one grant per operation.
@@ -61,10 +62,37 @@ fn listed_grants(service: &str, arguments: &[String]) -> Vec<Grant> {
     grants
 }
 
-/// Grants `grants` to the probe user, all at once.
+/// Grants `grants` to the probe user: one AclCommand (a JVM) per resource
+/// type, pattern and operation, naming every resource of that kind at once.
 fn grant(grants: &[Grant]) {
+    // (resource flag, pattern type, operation) and the names it covers.
+    type Call<'a> = ((&'a str, &'a str, &'a str), Vec<&'a str>);
+    let mut calls: Vec<Call<'_>> = Vec::new();
+    for grant in grants {
+        let kind = (
+            grant.resource.as_str(),
+            grant.pattern.as_str(),
+            grant.operation.as_str(),
+        );
+        match calls.iter_mut().find(|(call, _)| *call == kind) {
+            Some((_, names)) => names.push(&grant.name),
+            None => calls.push((kind, vec![&grant.name])),
+        }
+    }
+    let lines: Vec<String> = calls
+        .iter()
+        .map(|((resource, pattern, operation), names)| {
+            let resources: String = names
+                .iter()
+                .map(|name| format!(" {resource} '{name}'"))
+                .collect();
+            format!(
+                "--add --allow-principal 'User:{PROBE}'{resources} \
+                 --resource-pattern-type {pattern} --operation {operation}"
+            )
+        })
+        .collect();
     let file = scratch_dir().join(format!("{}.acls", unique("grants")));
-    let lines: Vec<String> = grants.iter().map(Grant::kafka_acls_args).collect();
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
     cluster::acl_file(&file);
 }
@@ -94,30 +122,33 @@ impl Launcher for ExactlyListed {
 
 #[test]
 fn the_listed_acls_run_the_joiner() {
-    cluster::use_cluster();
+    let _one = serialized();
     let service = fixture_runs::order_shipment_joiner_on(&ExactlyListed);
     cluster::assert_no_password(&service.log(), "the log");
 }
 
 #[test]
 fn the_listed_acls_run_both_stages_of_the_window_aggregator() {
-    cluster::use_cluster();
+    let _one = serialized();
     fixture_runs::window_aggregator_on(&ExactlyListed);
 }
 
 #[test]
 fn the_listed_acls_run_sensor_fusion() {
-    cluster::use_cluster();
+    let _one = serialized();
     fixture_runs::sensor_fusion_on(&ExactlyListed);
 }
 
 /// The joiner (two inputs, a repartition topic, changelogs, transactions)
 /// granted all it lists but one, for each one: it stops, naming the
-/// resource.
+/// resource. The runs go side by side, each on its own topics and
+/// application id.
 #[test]
 fn the_joiner_without_any_one_listed_acl_stops_naming_it() {
-    cluster::use_cluster();
+    let _one = serialized();
     let listed = listed_grants("order-shipment-joiner", &joiner_arguments("aclprobe")).len();
+    let mut runs = Vec::new();
+    let mut granted = Vec::new();
     for omitted in 0..listed {
         let arguments = joiner_arguments(&format!("aclprobe{omitted}"));
         let [_, orders, _, shipments, ..] = &arguments[..] else {
@@ -137,13 +168,23 @@ fn the_joiner_without_any_one_listed_acl_stops_naming_it() {
         );
         let mut grants = listed_grants("order-shipment-joiner", &arguments);
         let missing = grants.remove(omitted);
-        grant(&grants);
-        let started = Instant::now();
-        let service = Host.start("order-shipment-joiner", &as_probe(&arguments));
+        granted.extend(grants);
+        runs.push((arguments, missing));
+    }
+    grant(&granted);
+    let started = Instant::now();
+    let services: Vec<Service> = runs
+        .iter()
+        .map(|(arguments, _)| Host.start("order-shipment-joiner", &as_probe(arguments)))
+        .collect();
+    for (service, (_, missing)) in services.into_iter().zip(runs) {
         let (status, log) = service
             .wait_exit(Duration::from_secs(60))
             .unwrap_or_else(|| panic!("without {missing:?} the joiner must stop"));
-        eprintln!("without {missing:?}: stopped after {:?}", started.elapsed());
+        eprintln!(
+            "without {missing:?}: stopped within {:?}",
+            started.elapsed()
+        );
         assert!(!status.success(), "{log}");
         assert!(
             log.contains("not authorized"),
