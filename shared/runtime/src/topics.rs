@@ -19,6 +19,10 @@ use rdkafka::ClientConfig;
 /// How long a metadata request waits for the broker.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long one metadata request of [`Admin::connect`] may take before the
+/// client's error events are looked at.
+const CONNECT_ATTEMPT: Duration = Duration::from_millis(500);
+
 /// One partition as `describe` reports it.
 #[derive(Debug, Clone)]
 pub struct PartitionInfo {
@@ -32,7 +36,14 @@ pub struct PartitionInfo {
 /// Keeps the client's last error: an authentication or TLS failure, which
 /// a metadata request only reports as a timeout.
 #[derive(Default)]
-struct LastError(Mutex<Option<String>>);
+struct LastError(Mutex<Option<ClientError>>);
+
+/// An error event of a client.
+struct ClientError {
+    text: String,
+    /// A refused login or TLS handshake: trying longer cannot help.
+    refused: bool,
+}
 
 impl ClientContext for LastError {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -41,7 +52,14 @@ impl ClientContext for LastError {
         } else {
             reason.to_string()
         };
-        *self.0.lock().unwrap() = Some(text);
+        // A TLS alert or a failed verification is an answer too, though
+        // librdkafka reports it as a transport failure.
+        let refused = matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SSL)
+        ) || text.contains("certificate verify failed")
+            || text.contains("SSL alert number");
+        *self.0.lock().unwrap() = Some(ClientError { text, refused });
     }
 }
 
@@ -110,17 +128,39 @@ impl Admin {
         let metadata: BaseConsumer<LastError> = config
             .create_with_context(LastError::default())
             .map_err(|e| anyhow::anyhow!("invalid Kafka client settings: {e}"))?;
-        metadata.fetch_metadata(None, timeout).map_err(|e| {
+        // Asked in short attempts, so that a refused login or handshake
+        // (the broker says so at once) ends the wait at once.
+        let deadline = Instant::now() + timeout;
+        loop {
+            let attempt = CONNECT_ATTEMPT.min(deadline.saturating_duration_since(Instant::now()));
+            let Err(e) = metadata.fetch_metadata(None, attempt) else {
+                break;
+            };
             // A refused login or TLS handshake shows only as a transport
             // failure here; the client's error events, which polling hands
             // to the context, say what went wrong.
             while metadata.poll(Duration::from_millis(10)).is_some() {}
-            match metadata.context().0.lock().unwrap().take() {
+            let refused = metadata
+                .context()
+                .0
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|error| error.refused);
+            if !refused && Instant::now() < deadline {
+                continue;
+            }
+            let cause = metadata.context().0.lock().unwrap().take();
+            return Err(match cause.map(|error| error.text) {
                 Some(cause) if cause.contains("OAUTHBEARER token") => anyhow::anyhow!(
                     "cannot log in to Kafka at {bootstrap}: no OAUTHBEARER token from the token endpoint {}: {cause}",
                     config
                         .get("sasl.oauthbearer.token.endpoint.url")
                         .unwrap_or("(sasl.oauthbearer.token.endpoint.url not set)")
+                ),
+                Some(cause) if refused => anyhow::anyhow!(
+                    "cannot connect to Kafka at {bootstrap}: {cause}{}",
+                    client_certificate_hint(config, &cause)
                 ),
                 Some(cause) => anyhow::anyhow!(
                     "cannot reach Kafka at {bootstrap} within {}s: {cause}{}",
@@ -131,8 +171,8 @@ impl Admin {
                     "cannot reach Kafka at {bootstrap} within {}s ({e}); is the broker running? (--bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS)",
                     timeout.as_secs_f32()
                 ),
-            }
-        })?;
+            });
+        }
         Ok(Admin {
             admin,
             metadata,
