@@ -196,6 +196,22 @@ func TestDocumentedMetricsExist(t *testing.T) {
 	}
 }
 
+// Every metric the runtime defines (a `pub const` name in metrics.rs) is in
+// docs/metrics.md's table: the other direction of TestDocumentedMetricsExist.
+func TestDefinedMetricsAreDocumented(t *testing.T) {
+	documented := documentedMetrics(t)
+	defined := regexp.MustCompile(`pub const [A-Z_]+: &str = "(streams_[a-z_]+)";`).
+		FindAllStringSubmatch(readRepoFile(t, "shared/runtime/src/metrics.rs"), -1)
+	if len(defined) < 10 {
+		t.Fatalf("found only %d metric names in shared/runtime/src/metrics.rs", len(defined))
+	}
+	for _, m := range defined {
+		if _, ok := documented[m[1]]; !ok {
+			t.Errorf("%s (shared/runtime/src/metrics.rs) is not in docs/metrics.md", m[1])
+		}
+	}
+}
+
 // The ServiceMonitor selects every Service, by a port each one has.
 func TestServiceMonitorCoversEveryService(t *testing.T) {
 	r := render(t, "prod")
