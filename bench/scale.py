@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make bench-scale`: the cost curve as state outgrows memory (issue 27).
+"""`make bench-scale`: the cost curve as state outgrows memory.
 
 For the sessionizer, the order-shipment-joiner and window-aggregator with
 `--group-by customer_id`, at growing numbers of keys in state (about 1x, 10x
