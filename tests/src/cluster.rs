@@ -317,3 +317,16 @@ pub fn batch_codecs(topic: &str) -> BTreeSet<String> {
 pub fn acl_file(file: &std::path::Path) {
     script(&["acl", "--file", file.to_str().unwrap()]);
 }
+
+/// Waits for `service`, started at `started` with settings that cannot
+/// work, to give up: within a minute, with a non-zero exit and no secret
+/// in its log, which is returned.
+pub fn expect_failure(service: crate::Service, started: std::time::Instant) -> String {
+    let (status, log) = service
+        .wait_exit(std::time::Duration::from_secs(60))
+        .expect("the service must give up within a minute, not retry forever");
+    assert!(!status.success(), "{log}");
+    assert_no_password(&log, "the log");
+    eprintln!("failed after {:?}", started.elapsed());
+    log
+}

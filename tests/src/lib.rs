@@ -192,7 +192,11 @@ pub fn produce_file(topic: &str, schema_topic: &str, file: &Path) {
 
 /// [`produce_file`] with more `streamctl` flags.
 pub fn produce_file_with(topic: &str, schema_topic: &str, file: &Path, flags: &[&str]) {
-    let schema = schema(schema_topic);
+    produce_file_as(topic, &schema(schema_topic), file, flags);
+}
+
+/// [`produce_file_with`] with the `.avsc` file at `schema`.
+pub fn produce_file_as(topic: &str, schema: &Path, file: &Path, flags: &[&str]) {
     let mut args = vec![
         "produce",
         "--topic",
@@ -585,13 +589,22 @@ pub fn metric_value(text: &str, series: &str) -> f64 {
 }
 
 /// Polls `condition` until it holds or `timeout` passes.
-pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+pub fn eventually(timeout: Duration, condition: impl FnMut() -> bool) -> bool {
+    eventually_every(Duration::from_millis(250), timeout, condition)
+}
+
+/// [`eventually`], looking every `poll`.
+pub fn eventually_every(
+    poll: Duration,
+    timeout: Duration,
+    mut condition: impl FnMut() -> bool,
+) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if condition() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(poll);
     }
     condition()
 }

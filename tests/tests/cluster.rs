@@ -117,13 +117,7 @@ fn sessionizer_fails_with(properties: &Path, output: &str, extra: &[&str]) -> St
         .chain(args(extra))
         .collect::<Vec<_>>(),
     );
-    let (status, log) = service
-        .wait_exit(Duration::from_secs(60))
-        .expect("the service must give up, not retry forever");
-    assert!(!status.success(), "{log}");
-    assert_no_password(&log, "the log");
-    eprintln!("failed after {:?}", started.elapsed());
-    log
+    cluster::expect_failure(service, started)
 }
 
 #[test]
@@ -301,16 +295,7 @@ const NO_AUTO_REGISTER: [&str; 2] = ["--schema-registry-auto-register", "false"]
 /// would with streamctl (creating the topic, producing nothing).
 fn register_schema(topic: &str, schema: &Path) {
     create_topic(topic, 1);
-    let empty = write_jsonl(&[]);
-    streamctl_ok(&[
-        "produce",
-        "--topic",
-        topic,
-        "--schema",
-        schema.to_str().unwrap(),
-        "--file",
-        empty.to_str().unwrap(),
-    ]);
+    produce_file_as(topic, schema, &write_jsonl(&[]), &[]);
 }
 
 #[test]

@@ -161,19 +161,6 @@ fn a_signal_while_waiting_for_the_input_topic_stops_at_once() {
     }
 }
 
-/// Polls `condition` every few milliseconds until it holds or `timeout`
-/// passes ([`eventually`] looks four times a second).
-fn soon(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if condition() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    condition()
-}
-
 #[test]
 fn a_signal_during_a_restore_stops_it_and_the_next_start_goes_on_from_there() {
     // One task holding many open sessions (one LOGIN each, no output yet):
@@ -216,7 +203,9 @@ fn a_signal_during_a_restore_stops_it_and_the_next_start_goes_on_from_there() {
     let second = Service::start("sessionizer", &arguments);
     let task = second.state_dir.join(&run.application_id).join("task-0");
     assert!(
-        soon(Duration::from_secs(60), || task.exists()),
+        eventually_every(Duration::from_millis(5), Duration::from_secs(60), || {
+            task.exists()
+        }),
         "the task never opened; log:\n{}",
         second.log()
     );

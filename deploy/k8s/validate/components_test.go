@@ -10,7 +10,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // loginComponents are the Kafka logins that no overlay uses yet
@@ -114,20 +113,7 @@ func TestLoginComponentsRenderAndPassTheOverlayChecks(t *testing.T) {
 			for _, sts := range r.StatefulSets {
 				t.Run(sts.Name, func(t *testing.T) { checkStatefulSet(t, r, sts, docker) })
 			}
-			var objects []runtime.Object
-			for _, o := range r.StatefulSets {
-				objects = append(objects, o)
-			}
-			for _, o := range r.Services {
-				objects = append(objects, o)
-			}
-			for _, o := range r.ConfigMaps {
-				objects = append(objects, o)
-			}
-			for _, o := range r.PDBs {
-				objects = append(objects, o)
-			}
-			for _, obj := range objects {
+			for _, obj := range r.validatable() {
 				errs, err := apiServerErrors(obj)
 				if err != nil {
 					t.Fatal(err)
