@@ -272,25 +272,22 @@ fn ensure_stage_topics(
     partitions: usize,
     made: &InternalTopicArgs,
 ) -> anyhow::Result<()> {
-    let pairs = |configs: &[(String, String)]| -> Vec<(String, String)> {
-        made.topic_configs.iter().chain(configs).cloned().collect()
-    };
-    let common = pairs(&[]);
-    let mut changelog = pairs(&made.changelog_configs);
-    changelog.retain(|(key, _)| key != "cleanup.policy");
-    changelog.push(("cleanup.policy".to_string(), "compact".to_string()));
-    let repartition = pairs(&made.repartition_configs);
-    fn borrowed(configs: &[(String, String)]) -> Vec<(&str, &str)> {
-        configs
+    // The common configs, then those of one kind of topic (later wins).
+    fn configs<'a>(
+        common: &'a [(String, String)],
+        kind: &'a [(String, String)],
+    ) -> Vec<(&'a str, &'a str)> {
+        common
             .iter()
+            .chain(kind)
             .map(|(key, value)| (key.as_str(), value.as_str()))
             .collect()
     }
-    let (common, changelog, repartition) = (
-        borrowed(&common),
-        borrowed(&changelog),
-        borrowed(&repartition),
-    );
+    let common = configs(&made.topic_configs, &[]);
+    let mut changelog = configs(&made.topic_configs, &made.changelog_configs);
+    changelog.retain(|(key, _)| *key != "cleanup.policy");
+    changelog.push(("cleanup.policy", "compact"));
+    let repartition = configs(&made.topic_configs, &made.repartition_configs);
     let spec = |name, partitions, configs| TopicSpec {
         name,
         partitions,
