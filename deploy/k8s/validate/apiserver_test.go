@@ -24,9 +24,10 @@ import (
 // apiServerErrors runs what the API server runs on a create: the versioned
 // object is defaulted and converted to the internal type with the API
 // server's own scheme (k8s.io/kubernetes, pinned in go.mod), then validated
-// by the function its registry strategy calls. ServiceMonitors are custom
-// resources, which a server checks against the CRD's schema; the strict
-// decoding covers them.
+// by the function its registry strategy calls. ServiceMonitors and
+// PrometheusRules are custom resources, which a server checks against the
+// CRD's schema; the strict decoding covers them (and promtool the rules,
+// alerts_test.go).
 func apiServerErrors(obj runtime.Object) (field.ErrorList, error) {
 	versioned := obj.DeepCopyObject()
 	legacyscheme.Scheme.Default(versioned)
@@ -57,8 +58,8 @@ func apiServerErrors(obj runtime.Object) (field.ErrorList, error) {
 	return nil, fmt.Errorf("no API server validation wired for %T", internal)
 }
 
-// The rendered objects the API server validates: all but ServiceMonitors
-// (a CRD the API server here does not know).
+// The rendered objects the API server validates: all but ServiceMonitors and
+// PrometheusRules (CRDs the API server here does not know).
 func (r *Rendered) validatable() []runtime.Object {
 	var objects []runtime.Object
 	for _, o := range r.StatefulSets {
@@ -88,8 +89,8 @@ func TestOverlaysPassTheAPIServersValidation(t *testing.T) {
 		t.Run(overlay, func(t *testing.T) {
 			r := render(t, overlay)
 			objects := r.validatable()
-			if want := r.Objects - len(r.Monitors); len(objects) != want {
-				t.Fatalf("%d objects gathered for validation, %d rendered (not counting ServiceMonitors)", len(objects), want)
+			if want := r.Objects - len(r.Monitors) - len(r.Rules); len(objects) != want {
+				t.Fatalf("%d objects gathered for validation, %d rendered (not counting ServiceMonitors and PrometheusRules)", len(objects), want)
 			}
 			for _, obj := range objects {
 				errs, err := apiServerErrors(obj)

@@ -458,4 +458,7 @@ func TestOverlayDifferences(t *testing.T) {
 	if len(prod.Monitors) == 0 {
 		t.Error("prod: no ServiceMonitor")
 	}
+	if len(prod.Rules) == 0 {
+		t.Error("prod: no PrometheusRule")
+	}
 }

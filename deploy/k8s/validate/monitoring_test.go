@@ -22,7 +22,7 @@ const monitoringDir = "deploy/k8s/components/monitoring/"
 // documentedMetrics reads the table of docs/metrics.md: name -> labels.
 func documentedMetrics(t testing.TB) map[string][]string {
 	t.Helper()
-	row := regexp.MustCompile("(?m)^\\| `(streams_[a-z_]+)` \\| [a-z]+ \\| ([^|]*)\\|")
+	row := regexp.MustCompile("(?m)^\\| `((?:streams|process)_[a-z_]+)` \\| [a-z]+ \\| ([^|]*)\\|")
 	label := regexp.MustCompile("`([a-z_]+)`")
 	metrics := map[string][]string{}
 	for _, m := range row.FindAllStringSubmatch(readRepoFile(t, "docs/metrics.md"), -1) {

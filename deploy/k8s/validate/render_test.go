@@ -32,6 +32,7 @@ type Rendered struct {
 	PDBs         []*policyv1.PodDisruptionBudget
 	Namespaces   []*corev1.Namespace
 	Monitors     []*monitoringv1.ServiceMonitor
+	Rules        []*monitoringv1.PrometheusRule
 	Objects      int
 }
 
@@ -120,6 +121,8 @@ func doRender(root, overlay string) (*Rendered, error) {
 			out.Namespaces = append(out.Namespaces, o)
 		case *monitoringv1.ServiceMonitor:
 			out.Monitors = append(out.Monitors, o)
+		case *monitoringv1.PrometheusRule:
+			out.Rules = append(out.Rules, o)
 		default:
 			errs = append(errs, fmt.Sprintf("%s: decoded to unexpected %T", id, obj))
 		}
@@ -138,8 +141,8 @@ func TestOverlaysRenderAndDecodeStrictly(t *testing.T) {
 			if len(r.StatefulSets) == 0 {
 				t.Fatal("no StatefulSet rendered")
 			}
-			t.Logf("%d objects: %d StatefulSets, %d Services, %d PDBs, %d ConfigMaps, %d ServiceMonitors",
-				r.Objects, len(r.StatefulSets), len(r.Services), len(r.PDBs), len(r.ConfigMaps), len(r.Monitors))
+			t.Logf("%d objects: %d StatefulSets, %d Services, %d PDBs, %d ConfigMaps, %d ServiceMonitors, %d PrometheusRules",
+				r.Objects, len(r.StatefulSets), len(r.Services), len(r.PDBs), len(r.ConfigMaps), len(r.Monitors), len(r.Rules))
 		})
 	}
 }
