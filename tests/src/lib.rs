@@ -24,6 +24,7 @@ pub mod batches;
 pub mod cluster;
 pub mod embedder;
 pub mod fixture_runs;
+pub mod releases;
 pub mod sessions;
 pub mod windows;
 
@@ -347,10 +348,21 @@ impl Service {
 
     /// Starts `binary` with `args` on an existing state directory.
     pub fn start_with_state(binary: &str, args: &[String], state_dir: PathBuf) -> Service {
+        Self::start_program(&bin(binary), binary, args, state_dir)
+    }
+
+    /// Starts `program`, a build of service `binary` (another release's,
+    /// say), with `args` on an existing state directory.
+    pub fn start_program(
+        program: &Path,
+        binary: &str,
+        args: &[String],
+        state_dir: PathBuf,
+    ) -> Service {
         let http_port = free_port();
         let log = scratch_dir().join(format!("{}.log", unique(binary)));
         let log_file = std::fs::File::create(&log).unwrap();
-        let mut command = Command::new(bin(binary));
+        let mut command = Command::new(program);
         command.args(args);
         if !args.iter().any(|arg| arg == "--commit-interval") {
             command.args(["--commit-interval", "100ms"]);

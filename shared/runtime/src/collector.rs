@@ -27,6 +27,8 @@ pub(crate) enum Headers {
     Watermark(Announcement),
     /// Why a record was dead-lettered and where it came from.
     DeadLetter(DeadLetter),
+    /// A changelog record: the state format it is written in.
+    Changelog,
 }
 
 /// The provenance of a dead-lettered record.
@@ -238,7 +240,7 @@ impl Collector {
             Some(changelog.partition),
             Some(key),
             value,
-            Headers::None,
+            Headers::Changelog,
         );
         self.records.last_mut().expect("just pushed").changelog = Some(changelog);
     }

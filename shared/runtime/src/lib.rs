@@ -18,7 +18,7 @@
 //! * [`avro`]: wire format, schema registry client and caches, decoders and
 //!   encoders; [`avro::json`]: Avro values as JSON lines.
 //! * [`state`]: RocksDB per task with an overlay of uncommitted changes; value
-//!   and key encodings.
+//!   and key encodings; the format version of both, on disk and in changelogs.
 //! * [`time`]: partition and task watermarks, timers of both time domains;
 //!   `watermark`: the watermark formula and its headers on the wire;
 //!   `clock`: wall-clock time (the system's, or the test driver's).

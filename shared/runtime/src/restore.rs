@@ -240,6 +240,12 @@ impl Restorer {
                         changelog.done = true;
                         continue;
                     }
+                    crate::state::format::changelog_record_format(
+                        message.headers(),
+                        changelog.topic,
+                        partition,
+                        message.offset(),
+                    )?;
                     let key = message.key().unwrap_or_default();
                     store.stage_restored(
                         &mut batch,

@@ -175,6 +175,8 @@ fn plan_stage<P: Processor>(
         idleness,
     } = StageRole::of(&env.application_id, name, args);
     let state_dir = args.state_dir.join(&application_id);
+    // Before anything else: state this build cannot read stops it here.
+    crate::state::format::check_stage_dir(&state_dir)?;
     std::fs::create_dir_all(&state_dir).map_err(|e| {
         anyhow::anyhow!("cannot create state directory {}: {e}", state_dir.display())
     })?;

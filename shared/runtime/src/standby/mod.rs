@@ -36,6 +36,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::client::kafka::changelog_reader_config;
 use crate::metrics::{Snapshot, StageMetrics, STANDBY_LAG, STANDBY_RECORDS, STANDBY_TASKS};
+use crate::state::format::{self, UnknownFormat};
 use crate::state::store::{RestoreBatch, StateResources, TaskStore};
 use placement::standby_tasks;
 use watcher::GroupWatcher;
@@ -159,7 +160,8 @@ impl StandbyUpdater {
     /// Keeps the standbys up to date until shutdown, then writes what is
     /// staged; the watcher runs beside it. Broker errors are logged and
     /// retried: standbys only save restore time, they never stop the
-    /// service. Only a failing local store is an error.
+    /// service. Only a failing local store, or state of a format this build
+    /// cannot read, is an error.
     pub fn run(mut self) -> anyhow::Result<()> {
         let watcher = self.watcher.clone();
         let shutdown = self.shutdown.clone();
@@ -191,6 +193,12 @@ impl StandbyUpdater {
                     else {
                         continue;
                     };
+                    format::changelog_record_format(
+                        message.headers(),
+                        message.topic(),
+                        partition,
+                        message.offset(),
+                    )?;
                     standby.store.stage_restored(
                         &mut standby.batch,
                         store_index,
@@ -275,7 +283,7 @@ impl StandbyUpdater {
                 tracing::info!(task, "standby dropped");
             }
             for task in &started {
-                self.open(*task);
+                self.open(*task)?;
             }
             if !dropped.is_empty() || !started.is_empty() {
                 self.assign()?;
@@ -288,8 +296,8 @@ impl StandbyUpdater {
 
     /// Opens the local store of task `task` as a standby. A store still held
     /// by a processing thread that is closing it is tried again at the next
-    /// refresh.
-    fn open(&mut self, task: i32) {
+    /// refresh; one of a format this build cannot read stops the service.
+    fn open(&mut self, task: i32) -> anyhow::Result<()> {
         let path = self.settings.state_dir.join(format!("task-{task}"));
         match TaskStore::open(&path, &self.settings.store_names, &self.resources) {
             Ok(store) => {
@@ -297,8 +305,10 @@ impl StandbyUpdater {
                 tracing::info!(task, "standby started");
                 self.standbys.insert(task, Standby { store, batch });
             }
+            Err(error) if error.is::<UnknownFormat>() => return Err(error),
             Err(error) => tracing::info!(task, %error, "standby not started yet"),
         }
+        Ok(())
     }
 
     /// Points the consumer at every standby's changelog partitions, each

@@ -1,7 +1,8 @@
-//! Keyed state: RocksDB per task, an overlay of uncommitted changes, and the
-//! byte encodings of keys and values.
+//! Keyed state: RocksDB per task, an overlay of uncommitted changes, the
+//! byte encodings of keys and values, and the format version they are in.
 
 pub mod codec;
+pub mod format;
 mod layer;
 mod read_cache;
 mod resources;

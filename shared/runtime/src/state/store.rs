@@ -37,6 +37,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::codec::{decode_value, encode_value};
+use super::format;
 use super::layer::Layer;
 use super::read_cache::ReadCache;
 use super::resources::MemoryShares;
@@ -145,8 +146,11 @@ fn is_locked(error: &anyhow::Error) -> bool {
 pub type StoreIndex = usize;
 
 impl TaskStore {
-    /// Opens (or creates) the database at `path` with one column family per store.
+    /// Opens (or creates) the database at `path` with one column family per
+    /// store. State of a format this build cannot read is refused before
+    /// RocksDB touches it; an older one is migrated (see [`format`](mod@format)).
     pub fn open(path: &Path, names: &[String], resources: &StateResources) -> anyhow::Result<Self> {
+        let stored_format = format::check_task_dir(path)?;
         std::fs::create_dir_all(path).map_err(|e| {
             anyhow::anyhow!("cannot create state directory {}: {e}", path.display())
         })?;
@@ -172,6 +176,8 @@ impl TaskStore {
             .map(|name| ColumnFamilyDescriptor::new(name, options.clone()));
         let mut db = DB::open_cf_descriptors(&options, path, families)
             .map_err(|e| anyhow::anyhow!("cannot open state store {}: {e}", path.display()))?;
+        // Migrated with every column family open, the unwanted ones too.
+        format::settle(&db, path, stored_format)?;
         for name in unwanted {
             let checkpoint_family = db.cf_handle(CHECKPOINTS).expect("checkpoint family");
             db.delete_cf(checkpoint_family, name.as_bytes())?;
