@@ -71,7 +71,7 @@ bench-model: deps models ## embed-batcher's model vs sentence-transformers: embe
 bench-embed: deps up models ## embed-batcher end to end with the local model: articles/s in, rows/s out (release; see BENCHMARKS.md)
 	@bash bench/embed/e2e_bench.sh
 
-bench-restore: deps up ## changelog restore speed of a task with ~2M changelog records (release; see BENCHMARKS.md)
+bench-restore: deps up ## changelog restore speed of one joiner task: 600 000 orders + 600 000 shipments (release; see BENCHMARKS.md)
 	@bash bench/restore.sh
 
 bench-failover: deps up ## failover time after a kill -9, without and with a standby replica, 1M sessions in state (release; bench/failover.sh)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `make bench-restore`: how fast a task rebuilds its state from its changelog
-# (BENCHMARKS.md, section "Restore").
+# (the current figure: BENCHMARKS.md, "The other benchmarks"; the runs and
+# what changed them: bench/results/2026-12-01-diary.md, "Restore").
 #
 # The joiner keeps every order and every shipment until the join window has
-# passed, so its two changelogs hold about as many records as its inputs.
+# passed, so its two changelogs hold about as many records as its inputs
+# (~1.45M at the default size, 2026-12-01).
 # This script fills RESTORE_RECORDS orders and as many shipments (default
 # 600 000 each) on fresh 1-partition topics, runs the release joiner over
 # them once (exactly-once, so the changelogs are written as in production),
