@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# --stream-threads 1 vs 2 (BENCHMARKS.md, "--stream-threads"): one service,
+# --stream-threads 1 vs 2 (bench/results/2026-12-01-diary.md, "2026-12-01:
+# `--stream-threads` 1 vs 2, 4 partitions, 2 cores"): one service,
 # ours only, exactly_once_v2, commits every 100 ms, on a 4-partition input
 # filled once by `loadgen fill --partitions 4`; the two thread counts
 # alternate, the order flipping every round; `loadgen watch` measures each run

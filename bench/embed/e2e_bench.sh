@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench-embed`: embed-batcher end to end with the local model, on the
 # local stack (`make up`): articles/s in, rows/s out and peak RSS
-# (BENCHMARKS.md, section "embed-batcher's model").
+# (bench/results/2026-12-01-diary.md, "embed-batcher's model").
 #
 # Produces TENANTS x PER_TENANT ~100-word article edits (articles.py; default
 # 20 x 100 = 2000, every tenant's edits in full batches of 50) to a fresh

@@ -2,8 +2,9 @@
 # `make bench-model`: embed-batcher's local model (examples/embed_bench.rs,
 # release build) against sentence-transformers on PyTorch
 # (sentence_transformers_bench.py), the same ~100-word texts and model files,
-# batches of 32 and 50, on MODEL_THREADS threads (2). BENCHMARKS.md, section
-# "embed-batcher's model", has the method and the results.
+# batches of 32 and 50, on MODEL_THREADS threads (2). The current figure is in
+# BENCHMARKS.md, "The other benchmarks"; the method and the runs in
+# bench/results/2026-12-01-diary.md, "embed-batcher's model".
 #
 # The two run in turn, BENCH_RUNS times (3), so that a burst of load from
 # elsewhere on a shared machine does not hit only one of them.

@@ -1,5 +1,5 @@
-"""The peer of the local model's benchmark (BENCHMARKS.md, "embed-batcher's
-model"): the same texts embedded by sentence-transformers (PyTorch, CPU) from
+"""The peer of the local model's benchmark (bench/results/2026-12-01-diary.md,
+"embed-batcher's model"): the same texts embedded by sentence-transformers (PyTorch, CPU) from
 the same model folder, the same way as examples/embed_bench.rs does.
 bench/model_bench.sh runs both, with a virtualenv it makes.
 

@@ -367,7 +367,8 @@ impl Generator for OrdersAndShipments {
 /// The in-between slots belong to shipments only: when a shipment could take
 /// any slot (as it once did), a second's worth of due shipments crowded the
 /// orders out, and the orders' clock (which a shipment of the same second
-/// waits for, see BENCHMARKS.md) stalled for hundreds of milliseconds every
+/// waits for; bench/results/2026-12-01-diary.md, "The joiner's latency,
+/// before and after") stalled for hundreds of milliseconds every
 /// few seconds. A slot with no shipment due (the first half second, and the
 /// odd gap as due times fluctuate) carries an order that gets no shipment.
 pub struct LiveOrders {

@@ -1,5 +1,5 @@
-//! Throughput and memory of the local model (BENCHMARKS.md, "embed-batcher's
-//! model"): the texts of a JSON-lines file (one JSON string per line, as
+//! Throughput and memory of the local model (bench/results/2026-12-01-diary.md,
+//! "embed-batcher's model"): the texts of a JSON-lines file (one JSON string per line, as
 //! `bench/sentence_transformers_bench.py texts` writes them) embedded in
 //! batches of 32 and of 50, `ROUNDS` rounds (default 5) of all the texts per
 //! batch size, after a warm-up batch. `bench/model_bench.sh` runs it next to

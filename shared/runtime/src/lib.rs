@@ -19,9 +19,11 @@
 //!   encoders; [`avro::json`]: Avro values as JSON lines.
 //! * [`state`]: RocksDB per task with an overlay of uncommitted changes; value
 //!   and key encodings; the format version of both, on disk and in changelogs.
-//! * [`time`]: partition and task watermarks, timers of both time domains;
+//! * [`time`]: partition and task watermarks;
 //!   `watermark`: the watermark formula and its headers on the wire;
 //!   `clock`: wall-clock time (the system's, or the test driver's).
+//! * [`timers`]: a task's pending timers of both time domains, in memory up
+//!   to its share of the timer memory, the later ones spilled to its RocksDB.
 //! * [`window`]: epoch-anchored tumbling and hopping window arithmetic.
 //! * `task`: one partition's processor, state, clocks and timers; the order of work.
 //! * `engine`: a stage's processing core — routing, repartitioning, dead
@@ -31,11 +33,18 @@
 //! * `pool`: the worker threads that run processors' jobs and state writes.
 //! * `output`: encoding results; `collector`: what a stage writes, before a producer.
 //! * [`delivery`]: the producer, delivery reports and transactions.
-//! * `restore`: rebuilding task state from changelog topics.
+//! * `restore`: rebuilding task state from changelog topics; `standby`:
+//!   standby replicas, warm copies of other instances' tasks kept current
+//!   from their changelogs.
 //! * `planning`: a stage's topics, partitions and role, and the wiring of its
 //!   engine, with no broker; `startup`: the same on Kafka (topic checks and
 //!   creation, clients).
-//! * [`admin`]: client configuration and topic administration (also for `streamctl`).
+//! * [`client`]: where Kafka and the schema registry are and the properties
+//!   every client gets (`--kafka`, `--kafka-config-file`, `KAFKA_PROPERTY_*`),
+//!   secrets kept out of logs; `client::kafka`: every librdkafka setting the
+//!   runtime makes and the client ids.
+//! * [`admin`] (`topics`): topic and consumer group administration (also for
+//!   `streamctl`).
 //! * [`describe`]: the topology and the ACLs it needs, with no broker.
 //! * [`metrics`] and `http`: what operators see.
 //! * `app`: [`service_main`] and [`Pipeline`], which wire it all together;
@@ -77,7 +86,8 @@ pub mod topology;
 mod watermark;
 pub mod window;
 
-/// Client configuration and topic administration, for tools such as `streamctl`.
+/// Topic and consumer group administration, also for tools such as `streamctl`
+/// (their client configuration: [`client`]).
 pub mod admin {
     pub use crate::topics::*;
 }
@@ -116,7 +126,8 @@ pub use mimalloc::MiMalloc as ServiceAllocator;
 /// Makes mimalloc the binary's global allocator; a service's `main.rs`
 /// says `streams_runtime::service_allocator!();`. The hot path allocates
 /// small, short-lived keys and values, where glibc's allocator took a large
-/// share of the joiner's CPU time (BENCHMARKS.md history). mimalloc is built without transparent
+/// share of the joiner's CPU time (bench/results/2026-12-01-diary.md, "The
+/// steps, each measured before and after", step 4). mimalloc is built without transparent
 /// huge pages (`no_thp`): a 2 MiB page is resident as soon as one byte of it
 /// is touched. The choice belongs to each binary (`streamctl` and the test
 /// harness keep the system allocator).

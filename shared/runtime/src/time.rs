@@ -1,4 +1,5 @@
-//! Event time: watermarks per input partition and per task, and timers.
+//! Event time: watermarks per input partition and per task (the timers they
+//! fire are in [`crate::timers`]).
 //!
 //! The rules (docs/services/README.md, "common rules"): a partition's watermark is its
 //! largest event time minus the allowed out-of-orderness; a task's watermark is

@@ -88,7 +88,8 @@ pub(crate) fn group_consumer_config(
     // 100 000), and refilled within `fetch.queue.backoff.ms` (below): 10 000
     // records take far longer to process than that refill, so the stage never
     // finds the queue empty, and the queue holds a fraction of the default's
-    // memory. Smaller bounds saved no more (BENCHMARKS.md history).
+    // memory. Smaller bounds saved no more (bench/results/2026-12-01-diary.md,
+    // "late night", step 1).
     if config.get("queued.min.messages").is_none() {
         config.set("queued.min.messages", "10000");
     }
@@ -149,7 +150,8 @@ const CONSUMER_PREFETCH_KIB: &str = "16384";
 /// for that long when the other partitions have nothing new (the joiner's
 /// repartition topic between two upstream commits); with small pause bounds
 /// the joiner lost a measurable share of its records/s to such waits
-/// (BENCHMARKS.md history). The price: an idle consumer sends a fetch
+/// (bench/results/2026-12-01-diary.md, "evening", step 3). The price: an
+/// idle consumer sends a fetch
 /// request every `fetch.wait.max.ms` per broker.
 pub(crate) fn prefetch_eagerly(config: &mut ClientConfig) {
     if config.get("fetch.queue.backoff.ms").is_none() {

@@ -125,7 +125,8 @@ impl Delivery {
         // only once the transaction commits, so a longer wait costs no
         // latency and saves broker work (a shorter wait cost records/s);
         // under at-least-once every millisecond shows in the reader's p99
-        // (both measured: BENCHMARKS.md history).
+        // (both measured: bench/results/2026-12-01-diary.md, "evening",
+        // step 4).
         let linger_ms = if transactional_id.is_some() { "5" } else { "1" };
         for (key, value) in [
             ("linger.ms", linger_ms),
