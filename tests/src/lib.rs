@@ -495,7 +495,7 @@ impl Service {
     }
 
     /// Waits until the process handles SIGTERM itself (its handler shows
-    /// in `SigCgt` of /proc/<pid>/status): before that, a SIGTERM kills it
+    /// in `SigCgt` of `/proc/<pid>/status`): before that, a SIGTERM kills it
     /// (or, as PID 1 in a container, is ignored). Returns how long that
     /// took from now; panics with the log after `timeout`.
     pub fn wait_for_signal_handler(&self, timeout: Duration) -> Duration {

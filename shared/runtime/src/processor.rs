@@ -26,7 +26,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::state::codec::{decode_value, split_map_key, MapKey};
-use crate::state::store::{StoreIndex, TaskStore};
+use crate::state::store::TaskStore;
+use crate::state::StoreIndex;
 use crate::time::NO_WATERMARK;
 use crate::timers::{TaskTimers, TimeDomain};
 pub use context::Context;
@@ -183,7 +184,7 @@ impl TimerName for NoTimers {
 }
 
 /// A processor's domain counter (exported as `streams_processor_events_total`
-/// with its name as the `name` label), declared with [`counter_names!`].
+/// with its name as the `name` label), declared with [`counter_names!`](crate::counter_names).
 pub trait CounterName: Copy {
     /// The counter's name.
     fn name(self) -> &'static str;

@@ -15,7 +15,8 @@ use super::{
 use crate::collector::Collector;
 use crate::output::OutputEncoder;
 use crate::state::codec::{decode_value, encode_value, map_prefix, MapKey};
-use crate::state::store::{StoreIndex, TaskStore};
+use crate::state::store::TaskStore;
+use crate::state::StoreIndex;
 use crate::timers::{TaskTimers, TimeDomain, TimerEntry};
 use crate::watermark::Announcement;
 

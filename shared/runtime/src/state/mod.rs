@@ -9,3 +9,8 @@ mod resources;
 mod restore_batch;
 pub mod store;
 mod timer_spill;
+
+/// Index of a store within its [`TaskStore`](store::TaskStore), fixed for
+/// the process lifetime. Here, not in `store`, because the store's helpers
+/// (`read_cache`, `restore_batch`) take it too and `store` uses them.
+pub type StoreIndex = usize;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use super::resources::MemoryShares;
-use super::store::StoreIndex;
+use super::StoreIndex;
 
 /// Committed values read or written recently, per store: two generations of
 /// hash maps give an approximate LRU with O(1) operations and no per-entry

@@ -3,9 +3,9 @@
 
 use std::ops::Range;
 
-use super::store::StoreIndex;
+use super::StoreIndex;
 
-/// Changelog records being restored into a [`TaskStore`], written to
+/// Changelog records being restored into a [`TaskStore`](super::store::TaskStore), written to
 /// RocksDB in key order, together with the changelog offset each store
 /// reaches.
 ///

@@ -44,6 +44,7 @@ use super::resources::MemoryShares;
 pub use super::resources::StateResources;
 pub use super::restore_batch::RestoreBatch;
 use super::timer_spill::{TimerSpill, SPILLED_TIMERS};
+use super::StoreIndex;
 use crate::pool::WorkerPool;
 use commit::Applying;
 
@@ -141,9 +142,6 @@ pub struct TaskStore {
 fn is_locked(error: &anyhow::Error) -> bool {
     error.to_string().contains("/LOCK:")
 }
-
-/// Index of a store within its [`TaskStore`], fixed for the process lifetime.
-pub type StoreIndex = usize;
 
 impl TaskStore {
     /// Opens (or creates) the database at `path` with one column family per

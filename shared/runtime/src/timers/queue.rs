@@ -81,7 +81,7 @@ pub(super) struct Spill {
     exact: bool,
     /// The names of spilled timers: a loaded timer gets its static name back.
     names: SmallVec<[&'static str; 4]>,
-    /// The store's first error since the last [`TaskTimers::check`].
+    /// The store's first error since the last [`TaskTimers::check`](super::TaskTimers::check).
     pub(super) failure: Cell<Option<anyhow::Error>>,
     /// The last key and name looked up in the store, with the answer: a
     /// processor that reads a timer and then sets it (the joiner, for

@@ -1,6 +1,6 @@
 //! How a task's store is brought up to date when the task opens: the
-//! decision is pure ([`at_least_once_opening`]); the reads and the restore
-//! around it are the stage's.
+//! decision is pure ([`opening_with_reach`], [`opening_without_reach`]); the
+//! reads and the restore around it are the stage's.
 
 use std::path::Path;
 use std::time::Duration;

@@ -7,9 +7,8 @@ use std::sync::Arc;
 
 use rocksdb::{WriteBatch, DB};
 
-use super::{
-    empty_layers, family, Change, Changes, RestoreBatch, StoreIndex, TaskStore, CHECKPOINTS,
-};
+use super::{empty_layers, family, Change, Changes, RestoreBatch, TaskStore, CHECKPOINTS};
+use crate::state::StoreIndex;
 
 /// A commit's changes on their way into RocksDB, shared with the writer
 /// until it is done.
