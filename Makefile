@@ -50,9 +50,10 @@ test-unit: deps ## unit, doc and test-driver tests: every rule of every service,
 models: ## fetch the embedding model of embed-batcher into MODELS_DIR (default /var/tmp/streams-models)
 	@bash deploy/local/models.sh
 
-lint: ## rustfmt check and clippy with warnings as errors
+lint: ## rustfmt check, clippy with warnings as errors, doc-comment links, Markdown links and anchors (offline)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@bash deploy/local/check-docs.sh
 
 demo: build up models ## run every service on the example data (tests/fixtures) and show the results
 	@bash deploy/local/demo.sh
