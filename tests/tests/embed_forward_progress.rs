@@ -133,7 +133,7 @@ fn storm_edits(tenants: usize, per_tenant: usize) -> Vec<Edit> {
     edits
 }
 
-/// The storm of the issue, with the real model: about 3 000 edits of 30
+/// A kill -9 storm over a backlog, with the real model: about 3 000 edits of 30
 /// tenants (several times what can be embedded within one transaction
 /// timeout) produced in fifteen parts while the service is killed with
 /// kill -9 fifteen times, 1.5–4 s apart, its state directory wiped before
