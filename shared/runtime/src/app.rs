@@ -136,7 +136,8 @@ struct AclsCli<S: Args> {
 /// per core), and memory freed in one arena serves only that arena: the
 /// state writer's memtable inserts and the processing thread's block-cache
 /// reads then each kept their own high-water mark. One arena per thread
-/// lowers peak RSS at no cost in records/s (BENCHMARKS.md history).
+/// lowers peak RSS at no cost in records/s (bench/results/2026-12-01-diary.md,
+/// "before midnight", step 3).
 fn limit_malloc_arenas(processing_threads: usize) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {

@@ -26,7 +26,8 @@ use crate::processor::Processor;
 /// for a partition when it is paused and fetches it again on resume; one
 /// fetch brings thousands of small records per partition. A bound near one
 /// fetch cost sensor-fusion, whose two inputs arrive in such fetches, a
-/// third of its records/s (BENCHMARKS.md history). So the bound is many
+/// third of its records/s (bench/results/2026-12-01-diary.md, "evening",
+/// step 2). So the bound is many
 /// fetches (tens of thousands of records for one or two partitions) and
 /// acts only on a real backlog.
 pub(crate) const MERGE_BUFFER_BYTES: usize = 16 << 20;
