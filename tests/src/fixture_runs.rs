@@ -3,6 +3,8 @@
 //! file) and on the secured cluster (`tests/tests/cluster_fixtures.rs`).
 //! Each returns the service, so a caller can look at its log and answers.
 
+use std::cell::RefCell;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -40,6 +42,57 @@ impl Launcher for Host {
     fn start(&self, service: &'static str, arguments: &[String]) -> Service {
         Service::start(service, arguments)
     }
+}
+
+/// Starts services as [`Host`] does, with `extra` flags after the run's
+/// own, remembering the service and arguments of the last: for a test that
+/// runs a fixture, then a tool of the service with the same flags.
+#[derive(Default)]
+pub struct Recording {
+    extra: Vec<String>,
+    last: RefCell<Option<(&'static str, Vec<String>)>>,
+}
+
+impl Recording {
+    /// A recording launcher that adds `extra` to every service's flags.
+    pub fn with(extra: Vec<String>) -> Self {
+        Recording {
+            extra,
+            ..Recording::default()
+        }
+    }
+
+    /// The service last started, and its arguments (`extra` included).
+    pub fn last(&self) -> (&'static str, Vec<String>) {
+        self.last.borrow().clone().expect("a service was started")
+    }
+}
+
+impl Launcher for Recording {
+    type Running = Service;
+
+    fn start(&self, service: &'static str, arguments: &[String]) -> Service {
+        let mut arguments = arguments.to_vec();
+        arguments.extend(self.extra.iter().cloned());
+        *self.last.borrow_mut() = Some((service, arguments.clone()));
+        Host.start(service, &arguments)
+    }
+}
+
+/// `service <tool> <arguments>`, which must succeed and print JSON.
+pub fn tool_json(service: &str, tool: &str, arguments: &[String]) -> Value {
+    let output = Command::new(bin(service))
+        .arg(tool)
+        .args(arguments)
+        .args(["--format", "json"])
+        .output()
+        .expect("run the service binary");
+    assert!(
+        output.status.success(),
+        "{service} {tool} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON")
 }
 
 impl Running for Service {

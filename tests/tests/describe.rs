@@ -2,48 +2,12 @@
 //! run over its example data, creates exactly the internal topics its
 //! description lists, and its ACL listing names them.
 
-use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use e2e_tests::fixture_runs::{self, Host, Launcher};
+use e2e_tests::fixture_runs::{self, tool_json, Recording};
 use e2e_tests::*;
 use serde_json::Value;
-
-/// Starts services as [`Host`] does, with `extra` flags after the run's
-/// own, remembering the arguments of the last.
-#[derive(Default)]
-struct Recording {
-    extra: Vec<String>,
-    last: RefCell<Option<(&'static str, Vec<String>)>>,
-}
-
-impl Launcher for Recording {
-    type Running = Service;
-
-    fn start(&self, service: &'static str, arguments: &[String]) -> Service {
-        let mut arguments = arguments.to_vec();
-        arguments.extend(self.extra.iter().cloned());
-        *self.last.borrow_mut() = Some((service, arguments.clone()));
-        Host.start(service, &arguments)
-    }
-}
-
-/// `service <tool> <arguments>`, which must succeed and print JSON.
-fn tool_json(service: &str, tool: &str, arguments: &[String]) -> Value {
-    let output = Command::new(bin(service))
-        .arg(tool)
-        .args(arguments)
-        .args(["--format", "json"])
-        .output()
-        .expect("run the service binary");
-    assert!(
-        output.status.success(),
-        "{service} {tool} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("JSON")
-}
 
 fn strings(value: &Value) -> BTreeSet<String> {
     value
@@ -59,7 +23,7 @@ fn strings(value: &Value) -> BTreeSet<String> {
 fn described_topics_are_created(fixture: fn(&Recording) -> Service) {
     let recording = Recording::default();
     let service = fixture(&recording);
-    let (binary, arguments) = recording.last.borrow().clone().unwrap();
+    let (binary, arguments) = recording.last();
     let description = tool_json(binary, "describe", &arguments);
     let application_id = description["application_id"].as_str().unwrap().to_string();
 
@@ -151,21 +115,18 @@ fn topic_configs(topic: &str) -> BTreeSet<String> {
 
 #[test]
 fn internal_topics_are_made_as_the_flags_say() {
-    let recording = Recording {
-        extra: args(&[
-            "--internal-topic-replication-factor",
-            "1",
-            "--internal-topic-config",
-            "max.message.bytes=2000000",
-            "--changelog-topic-config",
-            "segment.bytes=20000000",
-            "--repartition-topic-config",
-            "retention.ms=86400000",
-        ]),
-        ..Recording::default()
-    };
+    let recording = Recording::with(args(&[
+        "--internal-topic-replication-factor",
+        "1",
+        "--internal-topic-config",
+        "max.message.bytes=2000000",
+        "--changelog-topic-config",
+        "segment.bytes=20000000",
+        "--repartition-topic-config",
+        "retention.ms=86400000",
+    ]));
     fixture_runs::order_shipment_joiner_on(&recording);
-    let (binary, arguments) = recording.last.borrow().clone().unwrap();
+    let (binary, arguments) = recording.last();
     let description = tool_json(binary, "describe", &arguments);
     let stage = &description["stages"][0];
     let set =

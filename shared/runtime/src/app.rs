@@ -20,6 +20,7 @@ use crate::describe::{
 use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
 use crate::processor::Processor;
+use crate::reset::{reset, ResetArgs};
 use crate::shutdown::{self, is_interrupted, Signals};
 use crate::standby::StandbyUpdater;
 use crate::startup::{prepare_stage, ServiceEnv, StreamThread};
@@ -44,14 +45,15 @@ use clap::{Args, Parser};
 ///
 /// Two subcommands connect nowhere: `describe` prints the service's
 /// topology and `acls` the ACLs it needs, for the flags that follow them
-/// (see [`crate::describe`]).
+/// (see [`crate::describe`]). A third, `reset`, makes the stopped
+/// application process its input again (see [`crate::reset`]).
 pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) -> ExitCode {
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let tool = argv
         .get(1)
         .and_then(|arg| arg.to_str())
         .and_then(|arg| match arg {
-            "describe" | "acls" => Some(arg.to_string()),
+            "describe" | "acls" | "reset" => Some(arg.to_string()),
             _ => None,
         });
     let result = match tool.as_deref() {
@@ -69,6 +71,18 @@ pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) 
                         DescribeFormat::Text => description.to_text(),
                         DescribeFormat::Json => serde_json::to_string_pretty(&description)? + "\n",
                     })
+                })
+            } else if tool == "reset" {
+                let cli = ResetCli::<S>::parse_from(argv);
+                build(cli.settings).and_then(|pipeline| {
+                    let description = pipeline.describe()?;
+                    reset(
+                        &description,
+                        &pipeline.args,
+                        &cli.reset,
+                        &mut std::io::stdout(),
+                    )?;
+                    Ok(String::new())
                 })
             } else {
                 let cli = AclsCli::<S>::parse_from(argv);
@@ -123,6 +137,16 @@ struct AclsCli<S: Args> {
     /// Name input and output topics exactly (`literal`) or as prefixes.
     #[arg(long, value_enum, default_value = "literal")]
     resource_pattern_type: PatternType,
+}
+
+/// `<service> reset [--to-earliest|--to-latest|--to-datetime|--by-duration|--shift-by]
+/// [--wipe-local-state] [--dry-run] <service flags>`.
+#[derive(Parser)]
+struct ResetCli<S: Args> {
+    #[command(flatten)]
+    reset: ResetArgs,
+    #[command(flatten)]
+    settings: S,
 }
 
 /// Caps glibc's malloc arenas at one per processing thread, before the

@@ -45,7 +45,9 @@
 //!   runtime makes and the client ids.
 //! * [`admin`] (`topics`): topic and consumer group administration (also for
 //!   `streamctl`).
-//! * [`describe`]: the topology and the ACLs it needs, with no broker.
+//! * [`describe`]: the topology and the ACLs it needs, with no broker;
+//!   [`reset`]: an application's offsets, internal topics and local state
+//!   set back so that it processes its input again.
 //! * [`metrics`] and `http`: what operators see.
 //! * `app`: [`service_main`] and [`Pipeline`], which wire it all together;
 //!   `shutdown`: SIGTERM and SIGINT, heard from the first moment on.
@@ -71,6 +73,7 @@ mod partitioner;
 mod planning;
 mod pool;
 pub mod processor;
+pub mod reset;
 mod restore;
 mod shutdown;
 mod standby;

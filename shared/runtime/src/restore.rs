@@ -89,6 +89,8 @@ const WATERMARKS_PATIENCE: Duration = Duration::from_secs(30);
 /// Reads changelog partitions into task stores.
 pub(crate) struct Restorer {
     consumer: BaseConsumer,
+    /// The consumer's settings, for the rare look at a log's end.
+    config: ClientConfig,
 }
 
 impl Restorer {
@@ -107,7 +109,7 @@ impl Restorer {
         let consumer = config
             .create()
             .map_err(|e| anyhow::anyhow!("cannot create the restore consumer: {e}"))?;
-        Ok(Restorer { consumer })
+        Ok(Restorer { consumer, config })
     }
 
     /// Brings every store of `store` up to the end of its changelog
@@ -119,7 +121,8 @@ impl Restorer {
     ///
     /// Once `shutdown` is set the restore stops with `Interrupted`, what it
     /// read so far written with its checkpoint (so the next start goes on
-    /// from there).
+    /// from there). Local state that reaches past the end of a changelog
+    /// fails with [`StaleLocalState`] before anything is read.
     pub fn restore(
         &self,
         store: &mut TaskStore,
@@ -131,7 +134,13 @@ impl Restorer {
         let mut pending = Vec::new();
         for (index, topic) in changelogs.iter().enumerate() {
             let (low, high) = self.watermarks(topic, partition, shutdown)?;
-            let first = match store.checkpoint(index)? {
+            let checkpoint = store.checkpoint(index)?;
+            if let Some(checkpoint) = checkpoint.filter(|checkpoint| *checkpoint >= high) {
+                if let Some(stale) = stale_checkpoint(&self.config, topic, partition, checkpoint)? {
+                    return Err(stale.into());
+                }
+            }
+            let first = match checkpoint {
                 Some(offset) => (offset + 1).max(low),
                 None => low,
             };
@@ -285,6 +294,55 @@ impl Restorer {
             |element| matches!(element.offset(), Offset::Offset(offset) if offset >= end),
         )
     }
+}
+
+/// Local state that reaches past the end of its changelog: the changelog
+/// was deleted and created again (an application reset) or lost records,
+/// and the state holds what the changelog no longer has. Kafka Streams
+/// calls such a task corrupted, and so does its state: it is wiped and
+/// restored from the changelogs.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the local state of task {partition} reaches offset {checkpoint} of changelog {topic}, \
+     which ends at {end} (deleted and created again, by an application reset?)"
+)]
+pub(crate) struct StaleLocalState {
+    pub topic: String,
+    pub partition: i32,
+    pub checkpoint: i64,
+    pub end: i64,
+}
+
+/// Whether a store's `checkpoint` (the offset of the last record of
+/// `topic`'s `partition` it holds) lies past the end of the changelog's
+/// log. Asked only when it lies at or past the last stable offset, which
+/// read_committed readers see as the end: just after a commit, the markers
+/// of the last transaction may not have moved it yet. The log end, read
+/// uncommitted, comes after every record ever acknowledged; only a
+/// changelog that lost records ends before a checkpoint. `config` is a
+/// changelog reader's.
+pub(crate) fn stale_checkpoint(
+    config: &ClientConfig,
+    topic: &str,
+    partition: i32,
+    checkpoint: i64,
+) -> anyhow::Result<Option<StaleLocalState>> {
+    let mut config = config.clone();
+    config.set("isolation.level", "read_uncommitted");
+    let consumer: BaseConsumer = config
+        .create()
+        .map_err(|e| anyhow::anyhow!("cannot create a consumer: {e}"))?;
+    let (_, end) = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .map_err(|e| {
+            anyhow::anyhow!("cannot read the end of changelog {topic}-{partition}: {e}")
+        })?;
+    Ok((checkpoint >= end).then(|| StaleLocalState {
+        topic: topic.to_string(),
+        partition,
+        checkpoint,
+        end,
+    }))
 }
 
 /// One changelog partition being restored.

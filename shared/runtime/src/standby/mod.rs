@@ -36,6 +36,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::client::kafka::changelog_reader_config;
 use crate::metrics::{Snapshot, StageMetrics, STANDBY_LAG, STANDBY_RECORDS, STANDBY_TASKS};
+use crate::restore::{stale_checkpoint, StaleLocalState};
 use crate::state::format::{self, UnknownFormat};
 use crate::state::store::{RestoreBatch, StateResources, TaskStore};
 use placement::standby_tasks;
@@ -108,6 +109,8 @@ struct Standby {
 pub(crate) struct StandbyUpdater {
     settings: StandbySettings,
     consumer: BaseConsumer,
+    /// The consumer's settings, for the rare look at a log's end.
+    config: ClientConfig,
     watcher: Arc<GroupWatcher>,
     resources: StateResources,
     active: Arc<ActiveTasks>,
@@ -131,7 +134,8 @@ impl StandbyUpdater {
         metrics: StageMetrics,
         shutdown: Arc<AtomicBool>,
     ) -> anyhow::Result<Self> {
-        let consumer = changelog_reader_config(base, format!("{}-standby", settings.group))
+        let config = changelog_reader_config(base, format!("{}-standby", settings.group));
+        let consumer = config
             .create()
             .map_err(|e| anyhow::anyhow!("cannot create the standby consumer: {e}"))?;
         let watcher = GroupWatcher::new(
@@ -144,6 +148,7 @@ impl StandbyUpdater {
         Ok(StandbyUpdater {
             settings,
             consumer,
+            config,
             watcher: Arc::new(watcher),
             resources,
             active,
@@ -299,7 +304,20 @@ impl StandbyUpdater {
     /// refresh; one of a format this build cannot read stops the service.
     fn open(&mut self, task: i32) -> anyhow::Result<()> {
         let path = self.settings.state_dir.join(format!("task-{task}"));
-        match TaskStore::open(&path, &self.settings.store_names, &self.resources) {
+        let mut opened = TaskStore::open(&path, &self.settings.store_names, &self.resources);
+        if let Ok(store) = &opened {
+            match self.stale_state(store, task) {
+                Ok(None) => {}
+                Ok(Some(stale)) => {
+                    tracing::warn!(task, "{stale}; wiping it");
+                    drop(opened);
+                    std::fs::remove_dir_all(&path)?;
+                    opened = TaskStore::open(&path, &self.settings.store_names, &self.resources);
+                }
+                Err(error) => opened = Err(error),
+            }
+        }
+        match opened {
             Ok(store) => {
                 let batch = store.restore_batch();
                 tracing::info!(task, "standby started");
@@ -309,6 +327,25 @@ impl StandbyUpdater {
             Err(error) => tracing::info!(task, %error, "standby not started yet"),
         }
         Ok(())
+    }
+
+    /// Whether `store`, task `task`'s, reaches past the end of a changelog
+    /// (see [`StaleLocalState`]).
+    fn stale_state(&self, store: &TaskStore, task: i32) -> anyhow::Result<Option<StaleLocalState>> {
+        for (index, topic) in self.settings.changelogs.iter().enumerate() {
+            let Some(checkpoint) = store.checkpoint(index)? else {
+                continue;
+            };
+            let (_, end) = self
+                .consumer
+                .fetch_watermarks(topic, task, Duration::from_secs(10))?;
+            if checkpoint >= end {
+                if let Some(stale) = stale_checkpoint(&self.config, topic, task, checkpoint)? {
+                    return Ok(Some(stale));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Points the consumer at every standby's changelog partitions, each

@@ -9,7 +9,7 @@ use super::rebalance::{committed_for, committed_list};
 use super::{GroupConsumer, KafkaStage};
 use crate::config::ProcessingGuarantee;
 use crate::processor::Processor;
-use crate::restore::ChangelogReach;
+use crate::restore::{ChangelogReach, StaleLocalState};
 use crate::state::store::TaskStore;
 use crate::task::stored_positions;
 use rdkafka::Offset;
@@ -27,7 +27,9 @@ impl<P: Processor> KafkaStage<P> {
     /// as far as the last offset commit reaches (see [`ChangelogReach`]);
     /// local state that reaches further (offsets reset or expired) is
     /// dropped and rebuilt. Records below the input positions kept in state
-    /// are then skipped instead of applied twice.
+    /// are then skipped instead of applied twice. Local state past the end
+    /// of a changelog (deleted and recreated by a reset) is wiped and
+    /// restored, with a warning ([`StaleLocalState`]).
     pub(super) fn open_store(
         &mut self,
         consumer: &GroupConsumer<P>,
@@ -71,13 +73,27 @@ impl<P: Processor> KafkaStage<P> {
         };
         if let Some(reach) = reach {
             let changelogs = self.engine.changelog_topics();
-            let restored = self.restorer.restore(
+            let shutdown = self.engine.shutdown_flag();
+            let restored = match self.restorer.restore(
                 &mut store,
                 &changelogs,
                 partition,
                 reach.as_ref(),
-                self.engine.shutdown_flag(),
-            )?;
+                shutdown,
+            ) {
+                Err(error) if error.is::<StaleLocalState>() => {
+                    tracing::warn!(partition, "{error}; wiping it and restoring the task");
+                    store = self.wipe_store(store, &path)?;
+                    self.restorer.restore(
+                        &mut store,
+                        &changelogs,
+                        partition,
+                        reach.as_ref(),
+                        shutdown,
+                    )?
+                }
+                restored => restored?,
+            };
             self.engine.count_restored(restored);
         }
         if at_least_once {

@@ -1,0 +1,452 @@
+//! `<service> reset` on the real stack: it refuses while the application
+//! runs, a dry run changes nothing, and after a reset the application
+//! processes its input again from where the reset put it, giving exactly
+//! the output those records give; local state left behind by a reset is
+//! found stale and rebuilt.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::driver::{driver, lines, pipe_all, settings, settle};
+use e2e_tests::fixture_runs::{self, tool_json, Recording};
+use e2e_tests::*;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::Value;
+
+/// `service reset <options> <arguments> --state-dir <state_dir>`.
+fn reset(service: &str, options: &[&str], arguments: &[String], state_dir: &Path) -> Output {
+    Command::new(bin(service))
+        .arg("reset")
+        .args(options)
+        .args(arguments)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .env("SCHEMA_REGISTRY_URL", registry())
+        .output()
+        .expect("run the service binary")
+}
+
+/// [`reset`], which must succeed; its output.
+fn reset_ok(service: &str, options: &[&str], arguments: &[String], state_dir: &Path) -> String {
+    let output = reset(service, options, arguments, state_dir);
+    assert!(
+        output.status.success(),
+        "{service} reset {options:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// A consumer that reads `group`'s offsets without joining it.
+fn outside(group: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .create()
+        .expect("consumer")
+}
+
+fn partitions(consumer: &BaseConsumer, topic: &str) -> Vec<i32> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|partition| partition.id())
+        .collect()
+}
+
+fn offsets(list: &TopicPartitionList) -> Vec<Option<i64>> {
+    list.elements()
+        .iter()
+        .map(|element| match element.offset() {
+            Offset::Offset(offset) => Some(offset),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `group`'s committed offset of each partition of `topic`.
+fn committed(group: &str, topic: &str) -> Vec<Option<i64>> {
+    let consumer = outside(group);
+    let mut request = TopicPartitionList::new();
+    for partition in partitions(&consumer, topic) {
+        request.add_partition(topic, partition);
+    }
+    offsets(
+        &consumer
+            .committed_offsets(request, Duration::from_secs(10))
+            .unwrap(),
+    )
+}
+
+/// The committed offsets of every group of the application `description`
+/// describes, on every topic its stages read.
+fn committed_offsets(description: &Value) -> BTreeMap<(String, String), Vec<Option<i64>>> {
+    let mut all = BTreeMap::new();
+    for stage in description["stages"].as_array().unwrap() {
+        let group = stage["group_id"].as_str().unwrap();
+        for source in stage["sources"].as_array().unwrap() {
+            for topic in [&source["topic"], &source["repartition_topic"]] {
+                if let Some(topic) = topic.as_str() {
+                    all.insert(
+                        (group.to_string(), topic.to_string()),
+                        committed(group, topic),
+                    );
+                }
+            }
+        }
+    }
+    all
+}
+
+/// The internal topics of `description` that exist now.
+fn existing_internal_topics(description: &Value) -> Vec<String> {
+    let application_id = description["application_id"].as_str().unwrap();
+    streamctl_ok(&["topics", "list"])
+        .lines()
+        .filter(|topic| topic.starts_with(&format!("{application_id}-")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The entries of a stage's state directory.
+fn state_entries(dir: &Path) -> Vec<String> {
+    let mut entries: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    entries.sort();
+    entries
+}
+
+fn flag<'a>(arguments: &'a [String], name: &str) -> &'a str {
+    let at = arguments.iter().position(|argument| argument == name);
+    &arguments[at.expect("the flag is given") + 1]
+}
+
+/// Runs `fixture`, then, while its service runs, a reset that must be
+/// refused; once it is stopped a dry run that changes nothing, then a
+/// reset with `--wipe-local-state`; the service started again writes its
+/// output a second time, the same (in the same order when `ordered`).
+fn a_reset_replays_the_fixture(fixture: fn(&Recording) -> Service, ordered: bool) {
+    let recording = Recording::default();
+    let service = fixture(&recording);
+    let (binary, arguments) = recording.last();
+    let description = tool_json(binary, "describe", &arguments);
+    let application_id = description["application_id"].as_str().unwrap();
+    let output_topic = flag(&arguments, "--output-topic");
+    let first = consume_all(output_topic);
+    let state_dir = service.state_dir.clone();
+
+    let refused = reset(binary, &[], &arguments, &state_dir);
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{error}");
+    assert!(
+        error.starts_with("error: consumer group(s) of the application have live members: ")
+            && error.contains(&format!("{application_id} (")),
+        "{error}"
+    );
+    assert_eq!(error.lines().count(), 1, "{error}");
+
+    assert!(service.stop().success());
+    let offsets_before = committed_offsets(&description);
+    let topics_before = existing_internal_topics(&description);
+    let stage_dirs: Vec<_> = description["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|stage| state_dir.join(stage["group_id"].as_str().unwrap()))
+        .collect();
+    let state_before: Vec<_> = stage_dirs.iter().map(|dir| state_entries(dir)).collect();
+    assert!(
+        state_before.iter().all(|entries| entries.len() > 1),
+        "{state_before:?}"
+    );
+
+    let plan = reset_ok(
+        binary,
+        &["--dry-run", "--wipe-local-state"],
+        &arguments,
+        &state_dir,
+    );
+    let input = description["stages"][0]["sources"][0]["topic"]
+        .as_str()
+        .unwrap();
+    let input_records = consume_all(input).len();
+    assert!(
+        plan.contains(&format!(
+            "Consumer group {application_id}: offsets to commit"
+        )) && plan.contains(&format!("  {input} partition 0: {input_records} -> 0\n")),
+        "{plan}"
+    );
+    let dead_letters = format!("{application_id}-dlq");
+    for topic in &topics_before {
+        let listed = plan.contains(&format!("\n  {topic}\n"));
+        assert_eq!(listed, *topic != dead_letters, "{topic} in\n{plan}");
+    }
+    assert!(
+        plan.contains(&format!(
+            "Kept: dead-letter topic {dead_letters}, output topic {output_topic}\n"
+        )),
+        "{plan}"
+    );
+    let wiped = format!(
+        "To wipe: local state (instance.id kept):\n  {}\n",
+        stage_dirs[0].display()
+    );
+    assert!(plan.contains(&wiped), "{plan}");
+    assert_eq!(committed_offsets(&description), offsets_before);
+    assert_eq!(existing_internal_topics(&description), topics_before);
+    let state_after: Vec<_> = stage_dirs.iter().map(|dir| state_entries(dir)).collect();
+    assert_eq!(state_after, state_before, "a dry run wipes nothing");
+
+    let done = reset_ok(binary, &["--wipe-local-state"], &arguments, &state_dir);
+    assert!(done.contains("Deleted: internal topics"), "{done}");
+    assert_eq!(committed(application_id, input), [Some(0)], "{done}");
+    assert_eq!(existing_internal_topics(&description), [dead_letters]);
+    for dir in &stage_dirs {
+        assert_eq!(state_entries(dir), ["instance.id"], "{done}");
+    }
+
+    let again = Service::start_with_state(binary, &arguments, state_dir);
+    let records = wait_for_records(output_topic, 2 * first.len(), Duration::from_secs(90));
+    let (before, after) = records.split_at(first.len());
+    assert_eq!(before, first);
+    if ordered {
+        assert_eq!(after, first, "log:\n{}", again.log());
+    } else {
+        assert_eq!(
+            sorted(after.to_vec()),
+            sorted(first.clone()),
+            "log:\n{}",
+            again.log()
+        );
+    }
+}
+
+/// Two stages, a consumer group each, and a stage-link topic between them.
+#[test]
+fn window_aggregator_processes_its_input_again_after_a_reset() {
+    a_reset_replays_the_fixture(fixture_runs::window_aggregator_on, true);
+}
+
+/// A join with a repartition topic.
+#[test]
+fn order_shipment_joiner_processes_its_input_again_after_a_reset() {
+    a_reset_replays_the_fixture(fixture_runs::order_shipment_joiner_on, false);
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.fffZ` of milliseconds since the epoch, as
+/// `date -u` writes it.
+fn iso(millis: i64) -> String {
+    let output = Command::new("date")
+        .args(["-u", "-d", &format!("@{}", millis / 1_000)])
+        .arg("+%Y-%m-%dT%H:%M:%S")
+        .output()
+        .unwrap();
+    let seconds = String::from_utf8(output.stdout).unwrap();
+    format!("{}.{:03}Z", seconds.trim(), millis % 1_000)
+}
+
+/// The sessionizer's events written in two parts, a moment apart; a reset
+/// to a time between them, leaving the local state in place. The service
+/// started again on it finds its state past the recreated changelogs,
+/// rebuilds it, and gives exactly the sessions the second part gives on
+/// its own (an uninterrupted run of the pipeline on the test driver): had
+/// it kept its state, its stored watermark would make every replayed event
+/// late, and had the reset gone to the start, bob's session would hold all
+/// three of his events again. `rebuilt` is what the log says then.
+fn a_reset_to_a_time_replays_from_there(guarantee: &str, rebuilt: &str) {
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
+    let events = fixture("sessionizer/user-events.jsonl");
+    produce(&run.input, "user-events", &events[..2]);
+    std::thread::sleep(Duration::from_millis(50));
+    let middle = now_millis();
+    std::thread::sleep(Duration::from_millis(50));
+    produce(&run.input, "user-events", &events[2..]);
+
+    let arguments = run.args(&["--processing-guarantee", guarantee]);
+    let service = Service::start(run.binary, &arguments);
+    let expected = fixture("sessionizer/user-sessions.expected.jsonl");
+    let first = wait_for_records(&run.output, expected.len(), Duration::from_secs(60));
+    assert_eq!(first, expected, "log:\n{}", service.log());
+    let state_dir = service.state_dir.clone();
+    assert!(service.stop().success());
+    // Each part was written in a transaction, its commit marker after it.
+    let [Some(end)] = committed(&run.application_id, &run.input)[..] else {
+        panic!("nothing committed");
+    };
+    let consumer = outside(&run.application_id);
+    let mut at_middle = TopicPartitionList::new();
+    at_middle
+        .add_partition_offset(&run.input, 0, Offset::Offset(middle))
+        .unwrap();
+    let by_time = consumer
+        .offsets_for_times(at_middle, Duration::from_secs(10))
+        .unwrap();
+    let [Some(second_part)] = offsets(&by_time)[..] else {
+        panic!("no record after the middle");
+    };
+    assert!(0 < second_part && second_part < end);
+
+    let shifted = reset_ok(
+        "sessionizer",
+        &["--shift-by", "-3", "--dry-run"],
+        &arguments,
+        &state_dir,
+    );
+    let shift = format!("  {} partition 0: {end} -> {}\n", run.input, end - 3);
+    assert!(shifted.contains(&shift), "{shifted}");
+    let done = reset_ok(
+        "sessionizer",
+        &["--to-datetime", &iso(middle)],
+        &arguments,
+        &state_dir,
+    );
+    let moved = format!("  {} partition 0: {end} -> {second_part}\n", run.input);
+    assert!(
+        done.contains(&moved) && done.contains("Not wiped: local state;"),
+        "{done}"
+    );
+    assert_eq!(
+        committed(&run.application_id, &run.input),
+        [Some(second_part)]
+    );
+
+    let mut uninterrupted = driver(sessionizer::pipeline(settings("sessionizer", &[])), 1);
+    pipe_all(&mut uninterrupted, "user-events", &events[2..]);
+    settle(&mut uninterrupted);
+    let from_the_middle = lines(&uninterrupted, "user-sessions");
+    assert_eq!(from_the_middle.len(), 1, "bob's session of one event");
+
+    let again = Service::start_with_state(run.binary, &arguments, state_dir);
+    let records = wait_for_records(
+        &run.output,
+        first.len() + from_the_middle.len(),
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        records[first.len()..],
+        from_the_middle,
+        "log:\n{}",
+        again.log()
+    );
+    assert!(again.log().contains(rebuilt), "log:\n{}", again.log());
+}
+
+/// A task whose local state reaches past its recreated changelog is
+/// wiped, with a warning, and restored from the changelogs.
+#[test]
+fn exactly_once_replays_from_a_time_and_wipes_stale_local_state() {
+    a_reset_to_a_time_replays_from_there("exactly_once_v2", "wiping it and restoring the task");
+}
+
+/// The reset commits the offsets with no changelog reach (the changelogs
+/// are gone): local state that reaches further is rebuilt.
+#[test]
+fn at_least_once_replays_from_a_time_and_rebuilds_stale_local_state() {
+    a_reset_to_a_time_replays_from_there(
+        "at_least_once",
+        "local state reaches past the last commit; rebuilding it",
+    );
+}
+
+/// With `--standby-replicas 1` an instance also keeps a copy of the other
+/// instance's task: a reset to the latest offsets (nothing to replay, the
+/// state wiped all the same: it belongs to the deleted changelogs) leaves
+/// both copies stale. Started again, one instance first (it opens, and
+/// wipes, both tasks), then the other: that one's standby copy of the task
+/// it does not run is found stale and wiped too. New events then give
+/// exactly their own sessions: had old state survived, the sessions still
+/// open in it would end too.
+#[test]
+fn stale_standby_copies_are_wiped_too() {
+    const BASE: i64 = 1_783_345_153_000;
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 2);
+    let arguments = run.args(&["--standby-replicas", "1"]);
+    let (events, expected) = e2e_tests::sessions::generate(20, 5, BASE);
+    produce(&run.input, "user-events", &events);
+    let started: Vec<Service> = (0..2)
+        .map(|_| Service::start(run.binary, &arguments))
+        .collect();
+    let first = wait_for_records(&run.output, expected.len(), Duration::from_secs(90));
+    assert_same_records(&first, &expected, "first run");
+    for instance in &started {
+        let warm = eventually(Duration::from_secs(60), || {
+            instance.metric("streams_standby_tasks") == 1.0
+                && instance.metric("streams_standby_lag_records") == 0.0
+        });
+        assert!(warm, "{}", instance.metrics());
+    }
+    let state_dirs: Vec<_> = started
+        .into_iter()
+        .map(|instance| {
+            let dir = instance.state_dir.clone();
+            assert!(instance.stop().success());
+            dir
+        })
+        .collect();
+    let done = reset_ok(run.binary, &["--to-latest"], &arguments, &state_dirs[0]);
+    assert!(done.contains("inputs to the latest"), "{done}");
+
+    let alone = Service::start_with_state(run.binary, &arguments, state_dirs[0].clone());
+    alone.wait_ready(Duration::from_secs(60));
+    let joining = Service::start_with_state(run.binary, &arguments, state_dirs[1].clone());
+    joining.wait_for_log("standby started", Duration::from_secs(60));
+    let standby_wiped = joining.log().lines().any(|line| {
+        line.contains("streams_runtime::standby") && line.contains("; wiping it task=")
+    });
+    assert!(standby_wiped, "log:\n{}", joining.log());
+
+    let (later, expected_later) = e2e_tests::sessions::generate(20, 5, BASE + 200_000_000);
+    produce(&run.input, "user-events", &later);
+    let all = [expected, expected_later].concat();
+    let records = wait_for_records(&run.output, all.len(), Duration::from_secs(90));
+    assert_same_records(&records, &all, &joining.log());
+}
+
+/// Flags are checked before anything is read: two positions, or a time
+/// that is not one, end with one error line.
+#[test]
+fn reset_flags_are_checked_first() {
+    let state_dir = fresh_state_dir();
+    for (options, message) in [
+        (
+            &["--to-latest", "--shift-by", "2"][..],
+            "cannot be used with",
+        ),
+        (
+            &["--to-datetime", "yesterday"][..],
+            "invalid date and time 'yesterday'",
+        ),
+        (
+            &["--by-duration", "an hour"][..],
+            "invalid duration 'an hour'",
+        ),
+    ] {
+        let output = reset("sessionizer", options, &[], &state_dir);
+        let error = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && error.contains(message),
+            "{error}"
+        );
+    }
+}
