@@ -267,14 +267,19 @@ fn iso(millis: i64) -> String {
 }
 
 /// The sessionizer's events written in two parts, a moment apart; a reset
-/// to a time between them, leaving the local state in place. The service
-/// started again on it finds its state past the recreated changelogs,
-/// rebuilds it, and gives exactly the sessions the second part gives on
+/// to a time between them, leaving the local state in place (without the
+/// record of the changelogs' topic ids, with `forget_changelog_ids`: as
+/// written before there was one). The service started again on it finds
+/// its state stale, rebuilds it, and gives exactly the sessions the second part gives on
 /// its own (an uninterrupted run of the pipeline on the test driver): had
 /// it kept its state, its stored watermark would make every replayed event
 /// late, and had the reset gone to the start, bob's session would hold all
 /// three of his events again. `rebuilt` is what the log says then.
-fn a_reset_to_a_time_replays_from_there(guarantee: &str, rebuilt: &str) {
+fn a_reset_to_a_time_replays_from_there(
+    guarantee: &str,
+    forget_changelog_ids: bool,
+    rebuilt: &str,
+) {
     let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
     let events = fixture("sessionizer/user-events.jsonl");
     produce(&run.input, "user-events", &events[..2]);
@@ -337,6 +342,10 @@ fn a_reset_to_a_time_replays_from_there(guarantee: &str, rebuilt: &str) {
     let from_the_middle = lines(&uninterrupted, "user-sessions");
     assert_eq!(from_the_middle.len(), 1, "bob's session of one event");
 
+    let task_dir = state_dir.join(&run.application_id).join("task-0");
+    if forget_changelog_ids {
+        std::fs::remove_file(task_dir.join("CHANGELOG_IDS")).unwrap();
+    }
     let again = Service::start_with_state(run.binary, &arguments, state_dir);
     let records = wait_for_records(
         &run.output,
@@ -352,11 +361,29 @@ fn a_reset_to_a_time_replays_from_there(guarantee: &str, rebuilt: &str) {
     assert!(again.log().contains(rebuilt), "log:\n{}", again.log());
 }
 
-/// A task whose local state reaches past its recreated changelog is
-/// wiped, with a warning, and restored from the changelogs.
+/// A task whose local state came from a changelog since deleted, as its
+/// directory's record of topic ids says, is wiped, with a warning, and
+/// restored from the changelogs.
 #[test]
 fn exactly_once_replays_from_a_time_and_wipes_stale_local_state() {
-    a_reset_to_a_time_replays_from_there("exactly_once_v2", "wiping it and restoring the task");
+    a_reset_to_a_time_replays_from_there(
+        "exactly_once_v2",
+        false,
+        "as it was before it was deleted and created again (by an application reset?); \
+         wiping it and restoring the task",
+    );
+}
+
+/// Without that record, local state whose checkpoints lie past the end of
+/// the recreated changelogs is told by them.
+#[test]
+fn state_past_the_end_of_a_recreated_changelog_is_wiped() {
+    a_reset_to_a_time_replays_from_there(
+        "exactly_once_v2",
+        true,
+        "which ends at 0 (deleted and created again, by an application reset?); \
+         wiping it and restoring the task",
+    );
 }
 
 /// The reset commits the offsets with no changelog reach (the changelogs
@@ -365,6 +392,7 @@ fn exactly_once_replays_from_a_time_and_wipes_stale_local_state() {
 fn at_least_once_replays_from_a_time_and_rebuilds_stale_local_state() {
     a_reset_to_a_time_replays_from_there(
         "at_least_once",
+        false,
         "local state reaches past the last commit; rebuilding it",
     );
 }
@@ -421,6 +449,55 @@ fn stale_standby_copies_are_wiped_too() {
     let all = [expected, expected_later].concat();
     let records = wait_for_records(&run.output, all.len(), Duration::from_secs(90));
     assert_same_records(&records, &all, &joining.log());
+}
+
+/// The sessions an uninterrupted run of the sessionizer's pipeline (the
+/// test driver, one partition) gives for `events`.
+fn sessions_of(events: &[Value]) -> Vec<Value> {
+    let mut uninterrupted = driver(sessionizer::pipeline(settings("sessionizer", &[])), 1);
+    pipe_all(&mut uninterrupted, "user-events", events);
+    settle(&mut uninterrupted);
+    lines(&uninterrupted, "user-sessions")
+}
+
+/// State left behind by a reset whose checkpoints lie within the
+/// recreated changelog (another instance ran the task meanwhile, on fresh
+/// state, and its changelog grew past them) is told by the changelog's
+/// topic id, which the task directory records: wiped, and restored from
+/// the changelog. The sessions come out as from an uninterrupted run.
+#[test]
+fn state_left_behind_is_told_by_the_changelogs_topic_id() {
+    const BASE: i64 = 1_783_345_153_000;
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
+    let arguments = run.args(&[]);
+    let batches: Vec<Vec<Value>> = (0..3)
+        .map(|batch| e2e_tests::sessions::generate(20, 5, BASE + batch * 200_000_000).0)
+        .collect();
+    produce(&run.input, "user-events", &batches[0]);
+    let first_run = Service::start(run.binary, &arguments);
+    let first = sessions_of(&batches[0]);
+    let records = wait_for_records(&run.output, first.len(), Duration::from_secs(60));
+    assert_same_records(&records, &first, &first_run.log());
+    let left_behind = first_run.state_dir.clone();
+    assert!(first_run.stop().success());
+    reset_ok(run.binary, &[], &arguments, &left_behind);
+
+    let other = Service::start(run.binary, &arguments);
+    produce(&run.input, "user-events", &batches[1]);
+    let replayed = [first.clone(), sessions_of(&batches[..2].concat())].concat();
+    let records = wait_for_records(&run.output, replayed.len(), Duration::from_secs(60));
+    assert_same_records(&records, &replayed, &other.log());
+    assert!(other.stop().success());
+
+    let again = Service::start_with_state(run.binary, &arguments, left_behind);
+    again.wait_for_log(
+        "as it was before it was deleted and created again",
+        Duration::from_secs(60),
+    );
+    produce(&run.input, "user-events", &batches[2]);
+    let all = [first, sessions_of(&batches.concat())].concat();
+    let records = wait_for_records(&run.output, all.len(), Duration::from_secs(60));
+    assert_same_records(&records, &all, &again.log());
 }
 
 /// Flags are checked before anything is read: two positions, or a time

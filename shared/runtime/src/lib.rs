@@ -44,7 +44,8 @@
 //!   secrets kept out of logs; `client::kafka`: every librdkafka setting the
 //!   runtime makes and the client ids.
 //! * [`admin`] (`topics`): topic and consumer group administration (also for
-//!   `streamctl`).
+//!   `streamctl`); `native_admin`: librdkafka's admin requests that
+//!   rust-rdkafka does not wrap (group members, topic ids).
 //! * [`describe`]: the topology and the ACLs it needs, with no broker;
 //!   [`reset`]: an application's offsets, internal topics and local state
 //!   set back so that it processes its input again.
@@ -68,6 +69,7 @@ pub mod duration;
 mod engine;
 mod http;
 pub mod metrics;
+mod native_admin;
 mod output;
 mod partitioner;
 mod planning;

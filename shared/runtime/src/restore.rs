@@ -5,14 +5,18 @@
 //! changelog partition from that checkpoint (or from the beginning when there
 //! is no local state) up to the end, and writes it in large batches.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use rdkafka::client::{Client, ClientContext};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::client::kafka::changelog_reader_config;
+use crate::native_admin;
 use crate::shutdown::Interrupted;
 use crate::state::store::TaskStore;
 
@@ -91,6 +95,7 @@ pub(crate) struct Restorer {
     consumer: BaseConsumer,
     /// The consumer's settings, for the rare look at a log's end.
     config: ClientConfig,
+    changelog_ids: ChangelogIds,
 }
 
 impl Restorer {
@@ -109,7 +114,11 @@ impl Restorer {
         let consumer = config
             .create()
             .map_err(|e| anyhow::anyhow!("cannot create the restore consumer: {e}"))?;
-        Ok(Restorer { consumer, config })
+        Ok(Restorer {
+            consumer,
+            config,
+            changelog_ids: ChangelogIds::default(),
+        })
     }
 
     /// Brings every store of `store` up to the end of its changelog
@@ -121,8 +130,9 @@ impl Restorer {
     ///
     /// Once `shutdown` is set the restore stops with `Interrupted`, what it
     /// read so far written with its checkpoint (so the next start goes on
-    /// from there). Local state that reaches past the end of a changelog
-    /// fails with [`StaleLocalState`] before anything is read.
+    /// from there). Local state of a changelog since deleted, or that
+    /// reaches past the end of one, fails with [`StaleLocalState`] before
+    /// anything is read.
     pub fn restore(
         &self,
         store: &mut TaskStore,
@@ -131,6 +141,12 @@ impl Restorer {
         reach: Option<&ChangelogReach>,
         shutdown: &AtomicBool,
     ) -> anyhow::Result<u64> {
+        let recreated =
+            self.changelog_ids
+                .check(self.consumer.client(), store, changelogs, partition)?;
+        if let Some(stale) = recreated {
+            return Err(stale.into());
+        }
         let mut pending = Vec::new();
         for (index, topic) in changelogs.iter().enumerate() {
             let (low, high) = self.watermarks(topic, partition, shutdown)?;
@@ -296,21 +312,127 @@ impl Restorer {
     }
 }
 
-/// Local state that reaches past the end of its changelog: the changelog
-/// was deleted and created again (an application reset) or lost records,
-/// and the state holds what the changelog no longer has. Kafka Streams
-/// calls such a task corrupted, and so does its state: it is wiped and
-/// restored from the changelogs.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the local state of task {partition} reaches offset {checkpoint} of changelog {topic}, \
-     which ends at {end} (deleted and created again, by an application reset?)"
-)]
+/// Local state of a changelog that is no longer there: the changelog was
+/// deleted and created again (an application reset) or lost records, and
+/// the state holds what the changelog no longer has. Kafka Streams calls
+/// such a task corrupted, and so does its state: it is wiped and restored
+/// from the changelogs.
+#[derive(Debug)]
 pub(crate) struct StaleLocalState {
-    pub topic: String,
     pub partition: i32,
-    pub checkpoint: i64,
-    pub end: i64,
+    pub topic: String,
+    pub why: Staleness,
+}
+
+/// How [`StaleLocalState`] was told.
+#[derive(Debug)]
+pub(crate) enum Staleness {
+    /// The task directory names another topic id for the changelog.
+    Recreated,
+    /// A store's checkpoint lies past the end of the changelog.
+    PastEnd { checkpoint: i64, end: i64 },
+}
+
+impl std::fmt::Display for StaleLocalState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let StaleLocalState {
+            partition, topic, ..
+        } = self;
+        match self.why {
+            Staleness::Recreated => write!(
+                f,
+                "the local state of task {partition} came from changelog {topic} as it was \
+                 before it was deleted and created again (by an application reset?)"
+            ),
+            Staleness::PastEnd { checkpoint, end } => write!(
+                f,
+                "the local state of task {partition} reaches offset {checkpoint} of changelog \
+                 {topic}, which ends at {end} (deleted and created again, by an application \
+                 reset?)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StaleLocalState {}
+
+/// The file of a task directory that names, by topic id, the changelogs
+/// its state was restored from and written to: `<topic> <id>` a line.
+const CHANGELOG_IDS: &str = "CHANGELOG_IDS";
+
+/// The topic ids of a stage's changelogs, read once: they change only when
+/// a reset deletes the changelogs, with every instance stopped, and the
+/// service creates them again. A read that fails, or finds a changelog
+/// missing or without an id (a broker before Kafka 2.8), is tried again
+/// at the next task; meanwhile only checkpoints are checked.
+#[derive(Default)]
+pub(crate) struct ChangelogIds(Mutex<Option<HashMap<String, String>>>);
+
+impl ChangelogIds {
+    /// Whether `store`, task `partition`'s, holds the state of a changelog
+    /// of `changelogs` since deleted: its directory names another id for
+    /// it. Otherwise the directory is made to name the current ids.
+    /// `client` reads them.
+    pub fn check<C: ClientContext>(
+        &self,
+        client: &Client<C>,
+        store: &TaskStore,
+        changelogs: &[String],
+        partition: i32,
+    ) -> anyhow::Result<Option<StaleLocalState>> {
+        let Some(current) = self.current(client, changelogs) else {
+            return Ok(None);
+        };
+        let path = store.path().join(CHANGELOG_IDS);
+        let recorded: HashMap<String, String> = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.split_once(' '))
+            .map(|(topic, id)| (topic.to_string(), id.to_string()))
+            .collect();
+        let recreated = changelogs.iter().find(|topic| {
+            recorded
+                .get(*topic)
+                .is_some_and(|id| *id != current[*topic])
+        });
+        if let Some(topic) = recreated {
+            return Ok(Some(StaleLocalState {
+                partition,
+                topic: topic.clone(),
+                why: Staleness::Recreated,
+            }));
+        }
+        if changelogs.iter().any(|topic| !recorded.contains_key(topic)) {
+            let text: String = changelogs
+                .iter()
+                .map(|topic| format!("{topic} {}\n", current[topic]))
+                .collect();
+            let partial = path.with_extension("partial");
+            std::fs::write(&partial, text)
+                .and_then(|()| std::fs::rename(&partial, &path))
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        }
+        Ok(None)
+    }
+
+    /// The ids of all of `changelogs`, once known.
+    fn current<C: ClientContext>(
+        &self,
+        client: &Client<C>,
+        changelogs: &[String],
+    ) -> Option<HashMap<String, String>> {
+        let mut known = self.0.lock().unwrap();
+        if known.is_none() {
+            match native_admin::topic_ids(client, changelogs, Duration::from_secs(10)) {
+                Ok(ids) if changelogs.iter().all(|topic| ids.contains_key(topic)) => {
+                    *known = Some(ids)
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "cannot read the changelogs' topic ids"),
+            }
+        }
+        known.clone()
+    }
 }
 
 /// Whether a store's `checkpoint` (the offset of the last record of
@@ -338,10 +460,9 @@ pub(crate) fn stale_checkpoint(
             anyhow::anyhow!("cannot read the end of changelog {topic}-{partition}: {e}")
         })?;
     Ok((checkpoint >= end).then(|| StaleLocalState {
-        topic: topic.to_string(),
         partition,
-        checkpoint,
-        end,
+        topic: topic.to_string(),
+        why: Staleness::PastEnd { checkpoint, end },
     }))
 }
 

@@ -33,12 +33,7 @@ pub struct PartitionInfo {
     pub high: i64,
 }
 
-/// A member of a consumer group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupMember {
-    pub client_id: String,
-    pub host: String,
-}
+pub use crate::native_admin::GroupMember;
 
 /// Keeps the client's last error: an authentication or TLS failure, which
 /// a metadata request only reports as a timeout.
@@ -467,120 +462,11 @@ impl Admin {
 
     /// The members of each of `groups` (none for a group that does not
     /// exist), classic groups and KIP-848 `consumer` groups alike, by group.
-    ///
-    /// Through librdkafka's DescribeConsumerGroups, which rust-rdkafka does
-    /// not wrap: its `fetch_group_list` (the classic DescribeGroups) reports
-    /// a `consumer` group as dead, whatever its members.
     pub fn group_members(
         &self,
         groups: &[&str],
     ) -> anyhow::Result<HashMap<String, Vec<GroupMember>>> {
-        use rdkafka::bindings as rd;
-        use std::ffi::{c_char, CStr, CString};
-
-        /// A librdkafka handle, destroyed when dropped.
-        struct Owned<T>(*mut T, unsafe extern "C" fn(*mut T));
-        impl<T> Drop for Owned<T> {
-            fn drop(&mut self) {
-                if !self.0.is_null() {
-                    // SAFETY: the handle came from its constructor and is
-                    // destroyed once, here.
-                    unsafe { (self.1)(self.0) }
-                }
-            }
-        }
-        /// A string librdkafka owns, copied (empty for none).
-        unsafe fn text(pointer: *const c_char) -> String {
-            if pointer.is_null() {
-                return String::new();
-            }
-            // SAFETY: a NUL-terminated string of librdkafka's, alive
-            // while the event holding it is.
-            unsafe { CStr::from_ptr(pointer) }
-                .to_string_lossy()
-                .into_owned()
-        }
-
-        let names = groups
-            .iter()
-            .map(|group| CString::new(*group))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut pointers: Vec<*const c_char> = names.iter().map(|name| name.as_ptr()).collect();
-        let client = self.admin.inner().native_ptr();
-        let timeout_ms = METADATA_TIMEOUT.as_millis() as i32;
-        let mut members = HashMap::new();
-        // SAFETY: every handle is made here and destroyed by its guard after
-        // the last use of what it holds; strings are copied out before.
-        unsafe {
-            let queue = Owned(rd::rd_kafka_queue_new(client), rd::rd_kafka_queue_destroy);
-            let options = Owned(
-                rd::rd_kafka_AdminOptions_new(
-                    client,
-                    rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
-                ),
-                rd::rd_kafka_AdminOptions_destroy,
-            );
-            let mut error_text = [0 as c_char; 256];
-            rd::rd_kafka_AdminOptions_set_request_timeout(
-                options.0,
-                timeout_ms,
-                error_text.as_mut_ptr(),
-                error_text.len(),
-            );
-            rd::rd_kafka_DescribeConsumerGroups(
-                client,
-                pointers.as_mut_ptr(),
-                pointers.len(),
-                options.0,
-                queue.0,
-            );
-            let event = Owned(
-                rd::rd_kafka_queue_poll(queue.0, timeout_ms + 5_000),
-                rd::rd_kafka_event_destroy,
-            );
-            let listed = groups.join(", ");
-            anyhow::ensure!(
-                !event.0.is_null(),
-                "cannot describe consumer groups {listed}: no answer within {}s",
-                METADATA_TIMEOUT.as_secs()
-            );
-            if rd::rd_kafka_event_error(event.0) != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
-                anyhow::bail!(
-                    "cannot describe consumer groups {listed}: {}",
-                    text(rd::rd_kafka_event_error_string(event.0))
-                );
-            }
-            let result = rd::rd_kafka_event_DescribeConsumerGroups_result(event.0);
-            let mut count = 0;
-            let descriptions =
-                rd::rd_kafka_DescribeConsumerGroups_result_groups(result, &mut count);
-            for index in 0..count {
-                let description = *descriptions.add(index);
-                let group = text(rd::rd_kafka_ConsumerGroupDescription_group_id(description));
-                let error = rd::rd_kafka_ConsumerGroupDescription_error(description);
-                if !error.is_null()
-                    && rd::rd_kafka_error_code(error)
-                        != RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_ID_NOT_FOUND
-                {
-                    anyhow::bail!(
-                        "cannot describe consumer group {group}: {}",
-                        text(rd::rd_kafka_error_string(error))
-                    );
-                }
-                let found = (0..rd::rd_kafka_ConsumerGroupDescription_member_count(description))
-                    .map(|member| {
-                        let member =
-                            rd::rd_kafka_ConsumerGroupDescription_member(description, member);
-                        GroupMember {
-                            client_id: text(rd::rd_kafka_MemberDescription_client_id(member)),
-                            host: text(rd::rd_kafka_MemberDescription_host(member)),
-                        }
-                    })
-                    .collect();
-                members.insert(group, found);
-            }
-        }
-        Ok(members)
+        crate::native_admin::group_members(self.admin.inner(), groups, METADATA_TIMEOUT)
     }
 
     /// The partition count of a topic that has just been created, once

@@ -36,7 +36,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::client::kafka::changelog_reader_config;
 use crate::metrics::{Snapshot, StageMetrics, STANDBY_LAG, STANDBY_RECORDS, STANDBY_TASKS};
-use crate::restore::{stale_checkpoint, StaleLocalState};
+use crate::restore::{stale_checkpoint, ChangelogIds, StaleLocalState};
 use crate::state::format::{self, UnknownFormat};
 use crate::state::store::{RestoreBatch, StateResources, TaskStore};
 use placement::standby_tasks;
@@ -111,6 +111,7 @@ pub(crate) struct StandbyUpdater {
     consumer: BaseConsumer,
     /// The consumer's settings, for the rare look at a log's end.
     config: ClientConfig,
+    changelog_ids: ChangelogIds,
     watcher: Arc<GroupWatcher>,
     resources: StateResources,
     active: Arc<ActiveTasks>,
@@ -149,6 +150,7 @@ impl StandbyUpdater {
             settings,
             consumer,
             config,
+            changelog_ids: ChangelogIds::default(),
             watcher: Arc::new(watcher),
             resources,
             active,
@@ -329,10 +331,17 @@ impl StandbyUpdater {
         Ok(())
     }
 
-    /// Whether `store`, task `task`'s, reaches past the end of a changelog
-    /// (see [`StaleLocalState`]).
+    /// Whether `store`, task `task`'s, holds the state of a changelog since
+    /// deleted, or reaches past the end of one (see [`StaleLocalState`]).
     fn stale_state(&self, store: &TaskStore, task: i32) -> anyhow::Result<Option<StaleLocalState>> {
-        for (index, topic) in self.settings.changelogs.iter().enumerate() {
+        let changelogs = &self.settings.changelogs;
+        let recreated =
+            self.changelog_ids
+                .check(self.consumer.client(), store, changelogs, task)?;
+        if recreated.is_some() {
+            return Ok(recreated);
+        }
+        for (index, topic) in changelogs.iter().enumerate() {
             let Some(checkpoint) = store.checkpoint(index)? else {
                 continue;
             };

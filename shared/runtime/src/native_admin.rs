@@ -1,0 +1,238 @@
+//! Admin requests of librdkafka that rust-rdkafka does not wrap, on any
+//! client (an admin client, a consumer): consumer groups described with
+//! their members, and topic ids.
+//!
+//! rust-rdkafka's `fetch_group_list` is the classic DescribeGroups, which
+//! reports a KIP-848 `consumer` group as dead, whatever its members;
+//! librdkafka's DescribeConsumerGroups describes both kinds. Topic ids
+//! (Kafka 2.8 on) tell a topic from one deleted and created again under
+//! its name, which metadata otherwise cannot.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, CStr, CString};
+use std::time::Duration;
+
+use rdkafka::bindings as rd;
+use rdkafka::client::{Client, ClientContext};
+use rdkafka::types::RDKafkaRespErr;
+
+/// A member of a consumer group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupMember {
+    pub client_id: String,
+    pub host: String,
+}
+
+/// The members of each of `groups` (none for a group that does not exist),
+/// by group.
+pub(crate) fn group_members<C: ClientContext>(
+    client: &Client<C>,
+    groups: &[&str],
+    timeout: Duration,
+) -> anyhow::Result<HashMap<String, Vec<GroupMember>>> {
+    let what = format!("consumer groups {}", groups.join(", "));
+    let names = c_strings(groups)?;
+    let mut pointers: Vec<*const c_char> = names.iter().map(|name| name.as_ptr()).collect();
+    let operation = rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS;
+    let event = request(
+        client,
+        operation,
+        &what,
+        timeout,
+        |client, options, queue| {
+            // SAFETY: the names outlive the call, which copies them.
+            unsafe {
+                rd::rd_kafka_DescribeConsumerGroups(
+                    client,
+                    pointers.as_mut_ptr(),
+                    pointers.len(),
+                    options,
+                    queue,
+                )
+            }
+        },
+    )?;
+    let mut members = HashMap::new();
+    // SAFETY: the descriptions belong to `event`, alive throughout; what is
+    // kept is copied out.
+    unsafe {
+        let result = rd::rd_kafka_event_DescribeConsumerGroups_result(event.0);
+        let mut count = 0;
+        let descriptions = rd::rd_kafka_DescribeConsumerGroups_result_groups(result, &mut count);
+        for index in 0..count {
+            let description = *descriptions.add(index);
+            let group = text(rd::rd_kafka_ConsumerGroupDescription_group_id(description));
+            let error = rd::rd_kafka_ConsumerGroupDescription_error(description);
+            if !error.is_null()
+                && rd::rd_kafka_error_code(error)
+                    != RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_ID_NOT_FOUND
+            {
+                anyhow::bail!(
+                    "cannot describe consumer group {group}: {}",
+                    text(rd::rd_kafka_error_string(error))
+                );
+            }
+            let found = (0..rd::rd_kafka_ConsumerGroupDescription_member_count(description))
+                .map(|member| {
+                    let member = rd::rd_kafka_ConsumerGroupDescription_member(description, member);
+                    GroupMember {
+                        client_id: text(rd::rd_kafka_MemberDescription_client_id(member)),
+                        host: text(rd::rd_kafka_MemberDescription_host(member)),
+                    }
+                })
+                .collect();
+            members.insert(group, found);
+        }
+    }
+    Ok(members)
+}
+
+/// The id of each of `topics` that exists, as 32 hex digits, by topic
+/// (none for a topic that does not exist, or a broker without topic ids).
+pub(crate) fn topic_ids<C: ClientContext>(
+    client: &Client<C>,
+    topics: &[String],
+    timeout: Duration,
+) -> anyhow::Result<HashMap<String, String>> {
+    let what = format!("topics {}", topics.join(", "));
+    let names = c_strings(topics)?;
+    let mut pointers: Vec<*const c_char> = names.iter().map(|name| name.as_ptr()).collect();
+    // SAFETY: the collection copies the names, and is destroyed by its guard.
+    let collection = unsafe {
+        Owned(
+            rd::rd_kafka_TopicCollection_of_topic_names(pointers.as_mut_ptr(), pointers.len()),
+            rd::rd_kafka_TopicCollection_destroy,
+        )
+    };
+    let operation = rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS;
+    let event = request(
+        client,
+        operation,
+        &what,
+        timeout,
+        |client, options, queue| {
+            // SAFETY: the collection outlives the call, which copies it.
+            unsafe { rd::rd_kafka_DescribeTopics(client, collection.0, options, queue) }
+        },
+    )?;
+    let mut ids = HashMap::new();
+    // SAFETY: the descriptions belong to `event`, alive throughout; what is
+    // kept is copied out.
+    unsafe {
+        let result = rd::rd_kafka_event_DescribeTopics_result(event.0);
+        let mut count = 0;
+        let descriptions = rd::rd_kafka_DescribeTopics_result_topics(result, &mut count);
+        for index in 0..count {
+            let description = *descriptions.add(index);
+            let name = text(rd::rd_kafka_TopicDescription_name(description));
+            let error = rd::rd_kafka_TopicDescription_error(description);
+            if !error.is_null() {
+                match rd::rd_kafka_error_code(error) {
+                    RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => {}
+                    RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART => continue,
+                    _ => anyhow::bail!(
+                        "cannot describe topic {name}: {}",
+                        text(rd::rd_kafka_error_string(error))
+                    ),
+                }
+            }
+            let id = rd::rd_kafka_TopicDescription_topic_id(description);
+            if id.is_null() {
+                continue;
+            }
+            let most = rd::rd_kafka_Uuid_most_significant_bits(id) as u64;
+            let least = rd::rd_kafka_Uuid_least_significant_bits(id) as u64;
+            if (most, least) != (0, 0) {
+                ids.insert(name, format!("{most:016x}{least:016x}"));
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// A librdkafka object, destroyed when dropped.
+struct Owned<T>(*mut T, unsafe extern "C" fn(*mut T));
+
+impl<T> Drop for Owned<T> {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the object came from its constructor and is
+            // destroyed once, here.
+            unsafe { (self.1)(self.0) }
+        }
+    }
+}
+
+fn c_strings<S: AsRef<str>>(names: &[S]) -> anyhow::Result<Vec<CString>> {
+    Ok(names
+        .iter()
+        .map(|name| CString::new(name.as_ref()))
+        .collect::<Result<_, _>>()?)
+}
+
+/// A string librdkafka owns, copied (empty for none).
+///
+/// # Safety
+/// `pointer` is null or a NUL-terminated string alive for the call.
+unsafe fn text(pointer: *const c_char) -> String {
+    if pointer.is_null() {
+        return String::new();
+    }
+    // SAFETY: as the caller promises.
+    unsafe { CStr::from_ptr(pointer) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Sends one admin request of `operation` on `client` (`send` starts it,
+/// given the client, the request's options and the queue its reply goes
+/// to) and waits up to `timeout` for the reply, which it returns, failed
+/// unless the request succeeded as a whole. `what` names what is asked
+/// about, for errors.
+fn request<C: ClientContext>(
+    client: &Client<C>,
+    operation: rd::rd_kafka_admin_op_t,
+    what: &str,
+    timeout: Duration,
+    send: impl FnOnce(
+        *mut rd::rd_kafka_t,
+        *const rd::rd_kafka_AdminOptions_t,
+        *mut rd::rd_kafka_queue_t,
+    ),
+) -> anyhow::Result<Owned<rd::rd_kafka_event_t>> {
+    let native = client.native_ptr();
+    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: the queue and the options are made here for `native`, which
+    // `client` keeps alive, and destroyed by their guards after the reply.
+    unsafe {
+        let queue = Owned(rd::rd_kafka_queue_new(native), rd::rd_kafka_queue_destroy);
+        let options = Owned(
+            rd::rd_kafka_AdminOptions_new(native, operation),
+            rd::rd_kafka_AdminOptions_destroy,
+        );
+        let mut error_text = [0 as c_char; 256];
+        rd::rd_kafka_AdminOptions_set_request_timeout(
+            options.0,
+            timeout_ms,
+            error_text.as_mut_ptr(),
+            error_text.len(),
+        );
+        send(native, options.0, queue.0);
+        let event = Owned(
+            rd::rd_kafka_queue_poll(queue.0, timeout_ms.saturating_add(5_000)),
+            rd::rd_kafka_event_destroy,
+        );
+        anyhow::ensure!(
+            !event.0.is_null(),
+            "cannot describe {what}: no answer within {}s",
+            timeout.as_secs()
+        );
+        if rd::rd_kafka_event_error(event.0) != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            anyhow::bail!(
+                "cannot describe {what}: {}",
+                text(rd::rd_kafka_event_error_string(event.0))
+            );
+        }
+        Ok(event)
+    }
+}
