@@ -25,7 +25,7 @@ test: build validate-deploy up models image-test ## all tests: unit + end-to-end
 
 .PHONY: image image-test compose-demo
 image: deps ## the release image streams-services:latest with podman, no daemon, nothing pulled (docs/deploy.md)
-	$(CARGO) build --release --bins
+	STREAMS_BUILD_COMMIT=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) $(CARGO) build --release --bins
 	@bash deploy/image/build.sh release localhost/streams-services:latest
 
 compose-demo: image ## deploy/docker/compose.yaml up with podman-compose, the example data in, results checked (docs/deploy.md)

@@ -581,6 +581,12 @@ pub fn restart_after_kill_9_under_backlog(
 
 /// A minimal HTTP GET; `None` when nothing answers or the status is not 200.
 pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let (status, body) = http_answer(port, path)?;
+    (status == 200).then_some(body)
+}
+
+/// A minimal HTTP GET: the status code and the body, `None` when nothing answers.
+pub fn http_answer(port: u16, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
@@ -588,7 +594,8 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
 }
 
 /// The value of `series` in a Prometheus text exposition, or 0.

@@ -300,3 +300,85 @@ fn a_stop_during_an_embedder_outage_is_prompt_and_loses_nothing() {
     let expected: Vec<Value> = edits.iter().map(|e| row(e, T + 100)).collect();
     assert_same_rows_per_tenant(&rows, &expected, &second.log());
 }
+
+/// An outage with input waiting: the thread takes in records its commit
+/// cannot let it process, so past `--liveness-timeout` `/healthz` fails
+/// (the liveness probe would restart the pod), naming the stalled thread,
+/// and passes again once the embedder answers. Idle before any input, the
+/// thread is not stalled however long it waits.
+#[test]
+fn an_outage_with_input_waiting_fails_liveness_until_the_embedder_answers() {
+    const TIMEOUT_SECONDS: u64 = 2;
+    let (port, requests) = fake_embeddings(1..9);
+    let topics = topics(1);
+    let timeout = format!("{TIMEOUT_SECONDS}s");
+    let service = Service::start(
+        "embed-batcher",
+        &openai_args(&topics, port, &["--liveness-timeout", &timeout]),
+    );
+    service.wait_ready(Duration::from_secs(60));
+    let healthz = || http_answer(service.http_port, "/healthz");
+    let idle_until = std::time::Instant::now() + Duration::from_secs(2 * TIMEOUT_SECONDS);
+    while std::time::Instant::now() < idle_until {
+        assert_eq!(healthz(), Some((200, "ok\n".to_string())), "idle");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // acme's batch is embedded (request 0); beta's fails from request 1 on.
+    let edits = [
+        Edit::new("acme", "doc-1", T),
+        Edit::new("acme", "doc-2", T + 100),
+        Edit::new("beta", "doc-3", T + 200),
+        Edit::new("beta", "doc-4", T + 300),
+        Edit::new("gamma", "doc-5", T + 200_000),
+        Edit::new("gamma", "doc-6", T + 200_100),
+    ];
+    let tick = |at: i64| Edit::new("clock", "tick", at);
+    produce_edits(&topics, &[&edits[..4], &[tick(T + 100_000)]].concat());
+    assert!(
+        eventually(Duration::from_secs(30), || requests.lock().unwrap().len()
+            >= 2),
+        "beta's batch was never sent:\n{}",
+        service.log()
+    );
+    // gamma's edits wait: the commit due waits for beta's batch first.
+    produce_edits(&topics, &[&edits[4..], &[tick(T + 300_000)]].concat());
+    let mut stalled = None;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            stalled = healthz().filter(|(status, _)| *status == 503);
+            stalled.is_some()
+        }),
+        "/healthz never failed during the outage:\n{}",
+        service.log()
+    );
+    let (_, why) = stalled.unwrap();
+    assert!(
+        why.starts_with("stalled: processing thread 0 of the first stage has made no progress"),
+        "{why}"
+    );
+    assert!(service.metric("streams_stalled_seconds") > TIMEOUT_SECONDS as f64);
+
+    // The first tick's own batch goes too, once the second tick passes it.
+    let output = wait_for_records(&topics.output, 7, Duration::from_secs(120));
+    let rows: Vec<Value> = output
+        .iter()
+        .filter(|line| line["key"] != "clock")
+        .map(|l| without_embedding(l, 2))
+        .collect();
+    let expected = vec![
+        row(&edits[0], T + 100),
+        row(&edits[1], T + 100),
+        row(&edits[2], T + 300),
+        row(&edits[3], T + 300),
+        row(&edits[4], T + 200_100),
+        row(&edits[5], T + 200_100),
+    ];
+    assert_same_rows_per_tenant(&rows, &expected, &service.log());
+    assert!(
+        eventually(Duration::from_secs(10), || healthz()
+            == Some((200, "ok\n".to_string()))),
+        "/healthz still fails after the outage: {:?}",
+        healthz()
+    );
+}

@@ -209,6 +209,24 @@ fn a_signal_during_a_restore_stops_it_and_the_next_start_goes_on_from_there() {
         "the task never opened; log:\n{}",
         second.log()
     );
+    // Meanwhile the restore's progress shows, and the instance is not ready.
+    let mut remaining = 0.0;
+    assert!(
+        eventually_every(Duration::from_millis(5), Duration::from_secs(30), || {
+            let text = second.metrics();
+            remaining = metric_value(
+                &text,
+                "streams_restore_remaining_records{store=\"sessions\",task=\"0\"}",
+            );
+            remaining > 0.0 && metric_value(&text, "streams_ready") == 0.0
+        }),
+        "no restore progress in /metrics:\n{}",
+        second.metrics()
+    );
+    assert!(
+        remaining <= changelog as f64,
+        "{remaining} of {changelog} left"
+    );
     std::thread::sleep(Duration::from_millis((restore_ms / 6).max(200)));
     assert!(
         !second.log().contains("task ready"),

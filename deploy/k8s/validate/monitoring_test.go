@@ -200,7 +200,7 @@ func TestDocumentedMetricsExist(t *testing.T) {
 // docs/metrics.md's table: the other direction of TestDocumentedMetricsExist.
 func TestDefinedMetricsAreDocumented(t *testing.T) {
 	documented := documentedMetrics(t)
-	defined := regexp.MustCompile(`pub const [A-Z_]+: &str = "(streams_[a-z_]+)";`).
+	defined := regexp.MustCompile(`pub const [A-Z_]+: &str = "((?:streams|process)_[a-z_]+)";`).
 		FindAllStringSubmatch(readRepoFile(t, "shared/runtime/src/metrics.rs"), -1)
 	if len(defined) < 10 {
 		t.Fatalf("found only %d metric names in shared/runtime/src/metrics.rs", len(defined))

@@ -146,6 +146,14 @@ pub struct RuntimeArgs {
     #[arg(long, env = "HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
 
+    /// How long a processing thread may go without progress while input
+    /// waits for it before `/healthz` fails, so that the orchestrator
+    /// restarts a stuck process. Restoring, idling without input and
+    /// Kafka out of reach are not stalls (docs/metrics.md). `0s` turns
+    /// the check off.
+    #[arg(long, env = "LIVENESS_TIMEOUT", default_value = "300s")]
+    pub liveness_timeout: HumanDuration,
+
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

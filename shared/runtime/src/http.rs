@@ -85,8 +85,10 @@ fn respond(path: &str, metrics: &Metrics) -> (&'static str, &'static str, String
             "text/plain; version=0.0.4",
             metrics.snapshot().render(),
         ),
-        "/healthz" if metrics.has_failed() => ("503 Service Unavailable", TEXT, "failed\n".into()),
-        "/healthz" => ("200 OK", TEXT, "ok\n".into()),
+        "/healthz" => match metrics.unhealthy() {
+            Some(why) => ("503 Service Unavailable", TEXT, format!("{why}\n")),
+            None => ("200 OK", TEXT, "ok\n".into()),
+        },
         "/readyz" if metrics.is_ready() => ("200 OK", TEXT, "ready\n".into()),
         "/readyz" => (
             "503 Service Unavailable",

@@ -49,7 +49,8 @@
 //! * [`describe`]: the topology and the ACLs it needs, with no broker;
 //!   [`reset`]: an application's offsets, internal topics and local state
 //!   set back so that it processes its input again.
-//! * [`metrics`] and `http`: what operators see.
+//! * [`metrics`] and `http`: what operators see; `process_stats`: the
+//!   process's CPU time and memory for them.
 //! * `app`: [`service_main`] and [`Pipeline`], which wire it all together;
 //!   `shutdown`: SIGTERM and SIGINT, heard from the first moment on.
 //! * `partitioner`: Kafka's murmur2 partitioner.
@@ -74,6 +75,7 @@ mod output;
 mod partitioner;
 mod planning;
 mod pool;
+mod process_stats;
 pub mod processor;
 pub mod reset;
 mod restore;

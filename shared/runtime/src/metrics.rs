@@ -9,8 +9,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Records consumed, by input topic.
 pub const RECORDS_CONSUMED: &str = "streams_records_consumed_total";
@@ -68,6 +69,35 @@ pub const TIMERS_PENDING: &str = "streams_timers_pending";
 pub const TIMERS_SPILLED: &str = "streams_timers_spilled";
 /// Domain counters incremented by the processor, by name.
 pub const PROCESSOR_EVENTS: &str = "streams_processor_events_total";
+/// Records between the consumer's position and the end of each assigned
+/// input partition (its last stable offset: read_committed), by `topic` and
+/// `partition`, from librdkafka's statistics every [`STATISTICS_INTERVAL_MS`].
+pub const CONSUMER_LAG: &str = "streams_consumer_lag_records";
+/// Changelog records a task still has to replay before it processes, by
+/// `store` and `task`; the series goes when the restore ends.
+pub const RESTORE_REMAINING: &str = "streams_restore_remaining_records";
+/// Assignments the group's rebalances handed this processing thread (an
+/// empty one included: each rebalance ends with one).
+pub const REBALANCES: &str = "streams_rebalances_total";
+/// 1 when `/readyz` answers 200, else 0.
+pub const READY: &str = "streams_ready";
+/// Seconds a processing thread has gone without progress while input
+/// waits for it; `/healthz` fails past `--liveness-timeout` (see
+/// [`StageActivity`]).
+pub const STALLED_SECONDS: &str = "streams_stalled_seconds";
+/// Always 1, labelled with the `version` and `commit` the binary was built from.
+pub const BUILD_INFO: &str = "streams_build_info";
+/// CPU seconds the process has used, user and system (Linux).
+pub const PROCESS_CPU_SECONDS: &str = "process_cpu_seconds_total";
+/// Resident memory of the process (Linux).
+pub const PROCESS_RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
+/// When the process started, in seconds since the Unix epoch (Linux).
+pub const PROCESS_START_TIME: &str = "process_start_time_seconds";
+
+/// How often librdkafka reports a consumer's statistics, the source of
+/// [`CONSUMER_LAG`]: often enough for a scrape every 15 s, rarely enough
+/// that parsing them costs nothing measurable.
+pub const STATISTICS_INTERVAL_MS: &str = "5000";
 
 /// A phase of the processing thread's loop (see [`PHASE_SECONDS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,11 +263,15 @@ impl Snapshot {
 }
 
 /// What the processing threads share with the HTTP listener: one published
-/// snapshot and one readiness flag per processing thread of each stage.
+/// snapshot, one readiness flag and one [`StageActivity`] per processing
+/// thread of each stage.
 #[derive(Default)]
 pub struct Metrics {
     stages: Mutex<Vec<StageSlot>>,
     failed: AtomicBool,
+    /// How long a processing thread may go without progress while input
+    /// waits before `/healthz` fails (`--liveness-timeout`); never when `None`.
+    liveness_timeout: Option<Duration>,
 }
 
 /// One processing thread's last published state.
@@ -249,9 +283,97 @@ struct StageSlot {
     thread: Option<String>,
     snapshot: Snapshot,
     ready: bool,
+    activity: Arc<StageActivity>,
+}
+
+/// What a processing thread reports as it goes rather than at its commits,
+/// read whenever `/metrics` or `/healthz` is asked: when it last made
+/// progress, and the restore it is in. A thread stuck in a call cannot
+/// publish that it is stuck; the time since its last progress says so.
+///
+/// Progress is records processed (consumed records a task holds back do
+/// not count), changelog records restored, a turn of the loop with no input
+/// waiting (an idle service is not stalled), or a consumer error (Kafka out of reach is not the thread's
+/// fault, and restarting would not help).
+#[derive(Debug)]
+pub struct StageActivity {
+    epoch: Instant,
+    /// Milliseconds after `epoch` of the last progress, plus one; 0 before
+    /// the loop's first turn (start-up is not a stall).
+    last_progress_ms: AtomicU64,
+    /// Changelog records left to replay, by (store, task).
+    restoring: Mutex<BTreeMap<(String, i32), u64>>,
+}
+
+impl Default for StageActivity {
+    fn default() -> Self {
+        StageActivity {
+            epoch: Instant::now(),
+            last_progress_ms: AtomicU64::new(0),
+            restoring: Mutex::default(),
+        }
+    }
+}
+
+impl StageActivity {
+    /// Notes that the thread made progress now.
+    pub fn progressed(&self) {
+        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        self.last_progress_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// How long the thread has gone without progress (zero before its
+    /// first turn).
+    pub fn stalled_for(&self) -> Duration {
+        match self.last_progress_ms.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            last => self
+                .epoch
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last - 1)),
+        }
+    }
+
+    /// Records how many changelog records task `task`'s store `store`
+    /// still has to replay; restoring is progress.
+    pub fn restoring(&self, store: &str, task: i32, remaining: u64) {
+        self.restoring
+            .lock()
+            .unwrap()
+            .insert((store.to_string(), task), remaining);
+        self.progressed();
+    }
+
+    /// Task `task`'s restore has ended (or stopped): its series go.
+    pub fn restored(&self, task: i32) {
+        self.restoring
+            .lock()
+            .unwrap()
+            .retain(|(_, restoring), _| *restoring != task);
+    }
+
+    fn export(&self, snapshot: &mut Snapshot) {
+        snapshot.set(STALLED_SECONDS, vec![], self.stalled_for().as_secs_f64());
+        for ((store, task), remaining) in self.restoring.lock().unwrap().iter() {
+            snapshot.set(
+                RESTORE_REMAINING,
+                vec![("store", store.clone()), ("task", task.to_string())],
+                *remaining as f64,
+            );
+        }
+    }
 }
 
 impl Metrics {
+    /// Metrics whose `/healthz` fails once a processing thread has gone
+    /// `liveness_timeout` without progress while input waits.
+    pub fn with_liveness_timeout(liveness_timeout: Option<Duration>) -> Self {
+        Metrics {
+            liveness_timeout,
+            ..Metrics::default()
+        }
+    }
+
     /// Registers a stage and returns its handle. The first stage's series keep
     /// their labels; a later stage's carry `stage="<label>"` as well, so that
     /// series of different stages never collide.
@@ -275,6 +397,7 @@ impl Metrics {
             thread: thread.map(|index| index.to_string()),
             snapshot: Snapshot::default(),
             ready: false,
+            activity: Arc::default(),
         });
         StageMetrics {
             shared: self.clone(),
@@ -282,11 +405,17 @@ impl Metrics {
         }
     }
 
-    /// Every stage's last snapshot, merged.
+    /// Every stage's last snapshot and present activity, merged, with the
+    /// process's own series.
     pub fn snapshot(&self) -> Snapshot {
         let stages = self.stages.lock().unwrap();
         let mut merged = Snapshot::default();
+        merged.set(READY, vec![], f64::from(u8::from(Self::all_ready(&stages))));
+        export_build_info(&mut merged);
+        crate::process_stats::export(&mut merged);
         for stage in stages.iter() {
+            let mut activity = Snapshot::default();
+            stage.activity.export(&mut activity);
             let relabel = |(name, labels): &Series| -> Series {
                 let mut labels = labels.clone();
                 if let Some(label) = &stage.label {
@@ -303,7 +432,7 @@ impl Metrics {
             for (series, value) in &stage.snapshot.float_counters {
                 *merged.float_counters.entry(relabel(series)).or_default() += value;
             }
-            for (series, value) in &stage.snapshot.gauges {
+            for (series, value) in stage.snapshot.gauges.iter().chain(&activity.gauges) {
                 merged.gauges.insert(relabel(series), *value);
             }
         }
@@ -313,8 +442,37 @@ impl Metrics {
     /// Whether every thread of every stage has all its assigned tasks
     /// restored and processing.
     pub fn is_ready(&self) -> bool {
-        let stages = self.stages.lock().unwrap();
+        Self::all_ready(&self.stages.lock().unwrap())
+    }
+
+    fn all_ready(stages: &[StageSlot]) -> bool {
         !stages.is_empty() && stages.iter().all(|stage| stage.ready)
+    }
+
+    /// Why `/healthz` fails, if it does: a processing loop failed, or one
+    /// has gone past the liveness timeout without progress while input waits.
+    pub fn unhealthy(&self) -> Option<String> {
+        if self.has_failed() {
+            return Some("failed".to_string());
+        }
+        let timeout = self.liveness_timeout?;
+        let stages = self.stages.lock().unwrap();
+        stages.iter().find_map(|stage| {
+            let stalled = stage.activity.stalled_for();
+            (stalled > timeout).then(|| {
+                let stage_name = match &stage.label {
+                    Some(label) => format!("stage {label}"),
+                    None => "the first stage".to_string(),
+                };
+                let thread = stage.thread.as_deref().unwrap_or("0");
+                format!(
+                    "stalled: processing thread {thread} of {stage_name} has made no progress \
+                     for {} s although input waits (--liveness-timeout {} s)",
+                    stalled.as_secs(),
+                    timeout.as_secs()
+                )
+            })
+        })
     }
 
     /// Marks the service as failed (unhealthy).
@@ -350,6 +508,33 @@ impl StageMetrics {
     pub fn set_ready(&self, ready: bool) {
         self.shared.stages.lock().unwrap()[self.slot].ready = ready;
     }
+
+    /// This thread's [`StageActivity`], to report progress and restores on.
+    pub fn activity(&self) -> Arc<StageActivity> {
+        self.shared.stages.lock().unwrap()[self.slot]
+            .activity
+            .clone()
+    }
+}
+
+/// The version and commit this binary was built from. The commit is
+/// `STREAMS_BUILD_COMMIT` at build time, which the release builds set
+/// (`make image`, the Dockerfile); a development build says `unknown`
+/// rather than rebuild the runtime at every commit.
+fn export_build_info(snapshot: &mut Snapshot) {
+    snapshot.set(
+        BUILD_INFO,
+        vec![
+            ("version", env!("CARGO_PKG_VERSION").to_string()),
+            (
+                "commit",
+                option_env!("STREAMS_BUILD_COMMIT")
+                    .unwrap_or("unknown")
+                    .to_string(),
+            ),
+        ],
+        1.0,
+    );
 }
 
 #[cfg(test)]
@@ -447,5 +632,63 @@ mod tests {
         assert!(!metrics.is_ready());
         threads[1].set_ready(true);
         assert!(metrics.is_ready());
+    }
+    #[test]
+    fn a_thread_without_progress_past_the_timeout_fails_liveness_until_it_progresses() {
+        let metrics = Arc::new(Metrics::with_liveness_timeout(Some(Duration::from_millis(
+            50,
+        ))));
+        let _first = metrics.add_stage(None);
+        let second = metrics.add_stage(Some("final"));
+        let activity = second.activity();
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(metrics.unhealthy(), None, "start-up is not a stall");
+        activity.progressed();
+        std::thread::sleep(Duration::from_millis(80));
+        let why = metrics.unhealthy().expect("stalled");
+        assert!(
+            why.starts_with("stalled: processing thread 0 of stage final"),
+            "{why}"
+        );
+        assert!(
+            metrics
+                .snapshot()
+                .gauge(STALLED_SECONDS, &[("stage", "final")])
+                >= 0.08
+        );
+        activity.progressed();
+        assert_eq!(metrics.unhealthy(), None);
+        metrics.set_failed();
+        assert_eq!(metrics.unhealthy().as_deref(), Some("failed"));
+    }
+
+    #[test]
+    fn restores_are_reported_while_they_run_and_readiness_is_a_gauge() {
+        let metrics = Arc::new(Metrics::default());
+        let stage = metrics.add_stage(None);
+        let activity = stage.activity();
+        activity.restoring("windows", 3, 1200);
+        activity.restoring("windows", 4, 10);
+        let snapshot = metrics.snapshot();
+        assert_eq!(snapshot.gauge(RESTORE_REMAINING, &[("task", "3")]), 1200.0);
+        assert_eq!(
+            snapshot.gauge(RESTORE_REMAINING, &[("store", "windows")]),
+            1210.0
+        );
+        assert_eq!(snapshot.gauge(READY, &[]), 0.0);
+        activity.restored(3);
+        stage.set_ready(true);
+        let snapshot = metrics.snapshot();
+        assert_eq!(snapshot.gauge(RESTORE_REMAINING, &[]), 10.0);
+        assert_eq!(snapshot.gauge(READY, &[]), 1.0);
+        assert_eq!(
+            snapshot.gauge(BUILD_INFO, &[("version", env!("CARGO_PKG_VERSION"))]),
+            1.0
+        );
+        assert_eq!(
+            metrics.unhealthy(),
+            None,
+            "no liveness timeout: never stalled"
+        );
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::client::{Client, ClientContext};
@@ -16,6 +16,7 @@ use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::client::kafka::changelog_reader_config;
+use crate::metrics::StageActivity;
 use crate::native_admin;
 use crate::shutdown::Interrupted;
 use crate::state::store::TaskStore;
@@ -96,11 +97,21 @@ pub(crate) struct Restorer {
     /// The consumer's settings, for the rare look at a log's end.
     config: ClientConfig,
     changelog_ids: ChangelogIds,
+    /// Where each restore reports the records it has left, by store.
+    activity: Arc<StageActivity>,
+    /// The stage's store names, by store index.
+    store_names: Vec<String>,
 }
 
 impl Restorer {
-    /// A restorer using a group-less, read_committed consumer.
-    pub fn new(base: &ClientConfig, application_id: &str) -> anyhow::Result<Self> {
+    /// A restorer using a group-less, read_committed consumer, reporting
+    /// its progress on `activity`.
+    pub fn new(
+        base: &ClientConfig,
+        application_id: &str,
+        activity: Arc<StageActivity>,
+        store_names: Vec<String>,
+    ) -> anyhow::Result<Self> {
         let mut config = changelog_reader_config(base, format!("{application_id}-restore"));
         config
             .set("fetch.max.bytes", "52428800")
@@ -118,6 +129,8 @@ impl Restorer {
             consumer,
             config,
             changelog_ids: ChangelogIds::default(),
+            activity,
+            store_names,
         })
     }
 
@@ -171,6 +184,7 @@ impl Restorer {
                     topic,
                     first,
                     end: high,
+                    next: first,
                     restored: 0,
                     done: false,
                 });
@@ -189,7 +203,9 @@ impl Restorer {
             )?;
         }
         self.consumer.assign(&assignment)?;
+        self.report(&pending, partition);
         let result = self.read_all(store, &mut pending, partition, shutdown);
+        self.activity.restored(partition);
         self.consumer.unassign()?;
         result?;
         let elapsed_ms = started.elapsed().as_millis() as u64;
@@ -280,10 +296,12 @@ impl Restorer {
                         message.payload(),
                     );
                     changelog.restored += 1;
-                    changelog.done = message.offset() + 1 >= changelog.end;
+                    changelog.next = message.offset() + 1;
+                    changelog.done = changelog.next >= changelog.end;
                     if batch.records() >= RESTORE_BATCH {
                         store
                             .write_restored(std::mem::replace(&mut batch, store.restore_batch()))?;
+                        self.report(pending, partition);
                     }
                 }
                 Some(Err(error)) => {
@@ -298,6 +316,19 @@ impl Restorer {
             }
         }
         store.write_restored(batch)
+    }
+
+    /// Reports the records each changelog still has to go.
+    fn report(&self, pending: &[Changelog<'_>], partition: i32) {
+        for changelog in pending {
+            let remaining = if changelog.done {
+                0
+            } else {
+                (changelog.end - changelog.next).max(0) as u64
+            };
+            self.activity
+                .restoring(&self.store_names[changelog.index], partition, remaining);
+        }
     }
 
     /// Whether the consumer's position has reached `end` (it moves past
@@ -475,6 +506,8 @@ struct Changelog<'a> {
     first: i64,
     /// The end offset when the restore began, or the reach's end.
     end: i64,
+    /// The offset after the last record read.
+    next: i64,
     restored: u64,
     done: bool,
 }

@@ -386,7 +386,13 @@ impl<P: Processor> StagePlan<P> {
             clock: Clock::system(),
             shutdown: env.shutdown.clone(),
         })?;
-        let restorer = Restorer::new(&env.client_config, &self.application_id)?;
+        let metrics = env.metrics.add_thread(self.name, thread.label());
+        let restorer = Restorer::new(
+            &env.client_config,
+            &self.application_id,
+            metrics.activity(),
+            self.topics.store_names.clone(),
+        )?;
         engine.yield_to_commits();
         let stage = KafkaStage::new(KafkaStageParts {
             group_id: self.application_id.clone(),
@@ -397,7 +403,7 @@ impl<P: Processor> StagePlan<P> {
             state_dir: self.state_dir.clone(),
             active: self.active.clone(),
             resources: env.state_resources.clone(),
-            metrics: env.metrics.add_thread(self.name, thread.label()),
+            metrics,
         });
         let group_instance_id = args.instance_id.as_deref().map(|id| thread.member_id(id));
         let context = StageContext::new(stage);

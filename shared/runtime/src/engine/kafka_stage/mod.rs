@@ -30,9 +30,9 @@ mod rebalance;
 mod run_loop;
 mod store_opening;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::TopicPartitionList;
@@ -44,7 +44,7 @@ use crate::collector::{ChangelogPartition, Collector, Headers, RecordView};
 use crate::config::ProcessingGuarantee;
 use crate::delivery::{Delivery, Outgoing, UNTRACKED};
 use crate::engine::{Engine, Incoming};
-use crate::metrics::{PhaseTimes, StageMetrics};
+use crate::metrics::{self, PhaseTimes, Snapshot, StageActivity, StageMetrics};
 use crate::processor::Processor;
 use crate::restore::Restorer;
 use crate::standby::ActiveTasks;
@@ -65,6 +65,13 @@ pub(crate) struct KafkaStage<P: Processor> {
     active: Arc<ActiveTasks>,
     resources: StateResources,
     metrics: StageMetrics,
+    /// Progress and restores as they happen, for `/healthz` and `/metrics`.
+    activity: Arc<StageActivity>,
+    /// The lag of each assigned input partition, shared with the consumer
+    /// context that receives librdkafka's statistics.
+    input_lag: Arc<InputLag>,
+    /// Assignments received (see [`metrics::REBALANCES`]).
+    rebalances: u64,
     /// Where the processing thread's time goes.
     phases: PhaseTimes,
     /// Owned partitions of the topics that feed tasks, by (subscription, partition).
@@ -152,7 +159,10 @@ impl<P: Processor> KafkaStage<P> {
             state_dir,
             active,
             resources,
+            activity: metrics.activity(),
             metrics,
+            input_lag: Arc::default(),
+            rebalances: 0,
             phases: PhaseTimes::default(),
             owned: HashSet::new(),
             incomplete: BTreeSet::new(),
@@ -245,12 +255,132 @@ impl<P: Processor> KafkaStage<P> {
         let mut snapshot = self.engine.snapshot();
         self.phases.export(&mut snapshot);
         self.delivery.export(&mut snapshot);
+        self.input_lag.export(&mut snapshot);
+        snapshot.add(metrics::REBALANCES, vec![], self.rebalances);
         snapshot.set(
-            crate::metrics::TASKS_INCOMPLETE,
+            metrics::TASKS_INCOMPLETE,
             vec![],
             self.incomplete.len() as f64,
         );
         self.metrics.publish(snapshot);
+    }
+}
+
+/// The consumer's lag on each input partition assigned to it, as its last
+/// statistics gave it (librdkafka serves them inside `poll`).
+#[derive(Debug, Default)]
+pub(crate) struct InputLag {
+    /// (topic, partition, records behind the last stable offset).
+    partitions: Mutex<Vec<(String, i32, i64)>>,
+}
+
+/// The part of librdkafka's statistics JSON (STATISTICS.md) the lag is
+/// computed from. (Its own `consumer_lag` counts from the offset committed
+/// through librdkafka, which a transactional commit bypasses; and rdkafka's
+/// `Statistics` requires fields this librdkafka no longer sends.)
+#[derive(serde::Deserialize)]
+struct ConsumerStatistics {
+    #[serde(default)]
+    topics: HashMap<String, TopicStatistics>,
+}
+
+#[derive(serde::Deserialize)]
+struct TopicStatistics {
+    #[serde(default)]
+    partitions: HashMap<i32, PartitionStatistics>,
+}
+
+/// Offsets are -1001 where librdkafka has none.
+#[derive(serde::Deserialize)]
+struct PartitionStatistics {
+    #[serde(default)]
+    fetch_state: String,
+    /// The offset after the last record handed to the stage.
+    #[serde(default = "no_offset")]
+    app_offset: i64,
+    /// Where fetching began: an offset, or -2 for the beginning (`lo_offset`).
+    #[serde(default = "no_offset")]
+    query_offset: i64,
+    #[serde(default = "no_offset")]
+    lo_offset: i64,
+    /// The last stable offset (the end under read_committed), and the high watermark.
+    #[serde(default = "no_offset")]
+    ls_offset: i64,
+    #[serde(default = "no_offset")]
+    hi_offset: i64,
+}
+
+fn no_offset() -> i64 {
+    -1001
+}
+
+impl PartitionStatistics {
+    /// Records between the stage's position and the partition's end, when
+    /// both are known. Before the first record is handed over, the
+    /// position is where fetching began.
+    fn lag(&self) -> Option<i64> {
+        if matches!(self.fetch_state.as_str(), "none" | "stopped") {
+            return None;
+        }
+        let end = if self.ls_offset >= 0 {
+            self.ls_offset
+        } else {
+            self.hi_offset
+        };
+        let position = match (self.app_offset, self.query_offset) {
+            (handed_over, _) if handed_over >= 0 => handed_over,
+            (_, start) if start >= 0 => start,
+            (_, -2) => self.lo_offset,
+            _ => return None,
+        };
+        (end >= 0 && position >= 0).then(|| (end - position).max(0))
+    }
+}
+
+impl InputLag {
+    /// Takes the lag of the partitions the statistics in `json` show being
+    /// fetched (librdkafka lists others too, in state `none`, and a
+    /// partition -1 per topic).
+    fn update(&self, json: &[u8]) {
+        let statistics: ConsumerStatistics = match serde_json::from_slice(json) {
+            Ok(statistics) => statistics,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read librdkafka's statistics");
+                return;
+            }
+        };
+        let mut partitions = Vec::new();
+        for (topic, stats) in statistics.topics {
+            for (partition, stats) in stats.partitions {
+                if let Some(lag) = stats.lag().filter(|_| partition >= 0) {
+                    partitions.push((topic.clone(), partition, lag));
+                }
+            }
+        }
+        partitions.sort_unstable();
+        *self.partitions.lock().unwrap() = partitions;
+    }
+
+    /// Whether records wait on any assigned partition.
+    fn waits(&self) -> bool {
+        self.partitions
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(_, _, lag)| lag > 0)
+    }
+
+    fn export(&self, snapshot: &mut Snapshot) {
+        for (topic, partition, lag) in self.partitions.lock().unwrap().iter() {
+            snapshot.set(
+                metrics::CONSUMER_LAG,
+                vec![
+                    ("topic", topic.clone()),
+                    ("partition", partition.to_string()),
+                ],
+                *lag as f64,
+            );
+        }
     }
 }
 
@@ -271,4 +401,47 @@ fn send(collector: &mut Collector, delivery: &mut Delivery, hold: bool) {
                 .map_or(UNTRACKED, ChangelogPartition::delivery_tag),
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InputLag;
+
+    #[test]
+    fn lag_is_counted_from_the_position_to_the_last_stable_offset() {
+        let lag = InputLag::default();
+        lag.update(
+            br#"{"name": "c#consumer-1", "topics": {
+                "orders": {"topic": "orders", "partitions": {
+                    "0": {"fetch_state": "active", "app_offset": 10339, "query_offset": -2,
+                          "lo_offset": 0, "ls_offset": 38043, "hi_offset": 38044,
+                          "consumer_lag": -1},
+                    "1": {"fetch_state": "active", "app_offset": -1001, "query_offset": -2,
+                          "lo_offset": 100, "ls_offset": 30000, "hi_offset": 30000},
+                    "3": {"fetch_state": "active", "app_offset": -1001, "query_offset": 2000,
+                          "lo_offset": 100, "ls_offset": 30000, "hi_offset": 30000},
+                    "2": {"fetch_state": "none", "app_offset": 5, "ls_offset": 40},
+                    "-1": {"fetch_state": "none"}}},
+                "shipments": {"partitions": {
+                    "0": {"fetch_state": "offset-query", "app_offset": -1001, "query_offset": -1001},
+                    "1": {"fetch_state": "active", "app_offset": 700, "ls_offset": 700}}}}}"#,
+        );
+        assert_eq!(
+            *lag.partitions.lock().unwrap(),
+            vec![
+                ("orders".to_string(), 0, 38043 - 10339),
+                ("orders".to_string(), 1, 30000 - 100),
+                ("orders".to_string(), 3, 30000 - 2000),
+                ("shipments".to_string(), 1, 0),
+            ]
+        );
+        assert!(lag.waits());
+        lag.update(
+            br#"{"topics": {"orders": {"partitions": {
+                "0": {"fetch_state": "active", "app_offset": 38043, "ls_offset": 38043}}}}}"#,
+        );
+        assert!(!lag.waits());
+        lag.update(b"not json");
+        assert!(!lag.waits(), "the last statistics are kept");
+    }
 }

@@ -8,25 +8,32 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use super::KafkaStage;
+use super::{InputLag, KafkaStage};
 use crate::engine::Engine;
 use crate::processor::Processor;
 
-/// The consumer context: rebalance callbacks reach the stage through it.
+/// The consumer context: rebalance callbacks reach the stage through it,
+/// and statistics the stage's [`InputLag`].
 pub(crate) struct StageContext<P: Processor> {
     pub(super) stage: Mutex<Option<KafkaStage<P>>>,
+    input_lag: Arc<InputLag>,
 }
 
 pub(crate) type GroupConsumer<P> = BaseConsumer<StageContext<P>>;
 
-impl<P: Processor> ClientContext for StageContext<P> {}
+impl<P: Processor> ClientContext for StageContext<P> {
+    fn stats_raw(&self, statistics: &[u8]) {
+        self.input_lag.update(statistics);
+    }
+}
 
 impl<P: Processor> StageContext<P> {
     /// The context of a consumer that runs `stage`.
     pub fn new(stage: KafkaStage<P>) -> Self {
         StageContext {
+            input_lag: stage.input_lag.clone(),
             stage: Mutex::new(Some(stage)),
         }
     }
@@ -118,6 +125,7 @@ impl<P: Processor> KafkaStage<P> {
         partitions: &TopicPartitionList,
     ) -> anyhow::Result<()> {
         self.metrics.set_ready(false);
+        self.rebalances += 1;
         let mut touched: Vec<i32> = Vec::new();
         for element in partitions.elements() {
             let Some(index) = self.engine.subscription_index(element.topic()) else {

@@ -203,6 +203,7 @@ fn process_until_shutdown<P: Processor>(
     shutdown: &AtomicBool,
 ) -> anyhow::Result<()> {
     let mut last_poll_error = None::<Instant>;
+    let mut processed_before = 0;
     while !shutdown.load(Ordering::Relaxed) {
         // Wait briefly for the first record, then take what is already there;
         // with a commit in flight, only as long as its acknowledgement takes;
@@ -225,6 +226,7 @@ fn process_until_shutdown<P: Processor>(
         let mut polled = consumer.poll(timeout);
         let batch_started = Instant::now();
         let mut handled = 0;
+        let mut consumer_failed = false;
         while let Some(result) = polled {
             let mut guard = consumer.context().stage.lock().unwrap();
             let stage = guard.as_mut().expect("stage present while running");
@@ -244,6 +246,7 @@ fn process_until_shutdown<P: Processor>(
                         tracing::warn!(%error, "consumer error (retrying)");
                         last_poll_error = Some(Instant::now());
                     }
+                    consumer_failed = true;
                     break;
                 }
             }
@@ -266,6 +269,14 @@ fn process_until_shutdown<P: Processor>(
         );
         stage.phases.lap(Phase::Process, batch_started);
         stage.tick(consumer)?;
+        // Progress (see `StageActivity`): records processed, not merely
+        // consumed into a task that holds them.
+        let processed = stage.engine.handled_records();
+        let input_waits = stage.input_lag.waits() || stage.engine.consumed_records() > processed;
+        if processed != processed_before || consumer_failed || !input_waits {
+            stage.activity.progressed();
+        }
+        processed_before = processed;
     }
     tracing::info!("shutdown requested; committing and closing");
     Ok(())
