@@ -17,12 +17,7 @@ fn lag_rises_with_a_backlog_and_falls_to_zero_on_every_input_partition() {
     let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
     let (lines, expected) = generate(10_000, 20, BASE);
     produce(&run.input, "user-events", &lines);
-    // Statistics every 100 ms instead of 5 s: the backlog is worked off in
-    // seconds.
-    let service = Service::start(
-        "sessionizer",
-        &run.args(&["--kafka", "statistics.interval.ms=100"]),
-    );
+    let service = Service::start("sessionizer", &run.args(&[]));
     let lag = |text: &str, partition: usize| {
         metric_value(
             text,

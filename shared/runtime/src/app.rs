@@ -178,11 +178,8 @@ fn limit_malloc_arenas(processing_threads: usize) {
 /// Sets up logging in the chosen format; `RUST_LOG` filters (default `info`).
 /// Secret client properties never reach the log (see [`crate::client`]).
 pub fn init_tracing(format: LogFormat) {
-    // `statistics.interval.ms` given with `--kafka` reaches every client,
-    // and rdkafka's default client context logs each report at info; the
-    // runtime reads the stage consumers' reports itself (consumer lag).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka::client=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(RedactingStderr)

@@ -70,8 +70,8 @@ pub const TIMERS_SPILLED: &str = "streams_timers_spilled";
 /// Domain counters incremented by the processor, by name.
 pub const PROCESSOR_EVENTS: &str = "streams_processor_events_total";
 /// Records between the consumer's position and the end of each assigned
-/// input partition (its last stable offset: read_committed), by `topic` and
-/// `partition`, from librdkafka's statistics every [`STATISTICS_INTERVAL_MS`].
+/// input partition (its high watermark as the last fetch saw it), by
+/// `topic` and `partition`, read every second.
 pub const CONSUMER_LAG: &str = "streams_consumer_lag_records";
 /// Changelog records a task still has to replay before it processes, by
 /// `store` and `task`; the series goes when the restore ends.
@@ -93,11 +93,6 @@ pub const PROCESS_CPU_SECONDS: &str = "process_cpu_seconds_total";
 pub const PROCESS_RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
 /// When the process started, in seconds since the Unix epoch (Linux).
 pub const PROCESS_START_TIME: &str = "process_start_time_seconds";
-
-/// How often librdkafka reports a consumer's statistics, the source of
-/// [`CONSUMER_LAG`]: often enough for a scrape every 15 s, rarely enough
-/// that parsing them costs nothing measurable.
-pub const STATISTICS_INTERVAL_MS: &str = "5000";
 
 /// A phase of the processing thread's loop (see [`PHASE_SECONDS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Admin requests of librdkafka that rust-rdkafka does not wrap, on any
 //! client (an admin client, a consumer): consumer groups described with
-//! their members, and topic ids.
+//! their members, and topic ids; and the partition ends a consumer's
+//! fetches saw.
 //!
 //! rust-rdkafka's `fetch_group_list` is the classic DescribeGroups, which
 //! reports a KIP-848 `consumer` group as dead, whatever its members;
@@ -148,6 +149,29 @@ pub(crate) fn topic_ids<C: ClientContext>(
         }
     }
     Ok(ids)
+}
+
+/// The first and end offsets of a partition as the client's last fetch of
+/// it saw them (librdkafka's cache: no request), `None` before any fetch.
+pub(crate) fn cached_watermarks<C: ClientContext>(
+    client: &Client<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<(i64, i64)> {
+    let topic = CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1, -1);
+    // SAFETY: the client is alive, the topic a NUL-terminated string for
+    // the call, and the two offsets are written through valid pointers.
+    let error = unsafe {
+        rd::rd_kafka_get_watermark_offsets(
+            client.native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (error == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some((low, high))
 }
 
 /// A librdkafka object, destroyed when dropped.

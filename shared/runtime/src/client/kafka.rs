@@ -74,12 +74,6 @@ pub(crate) fn group_consumer_config(
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "false");
-    if config.get("statistics.interval.ms").is_none() {
-        config.set(
-            "statistics.interval.ms",
-            crate::metrics::STATISTICS_INTERVAL_MS,
-        );
-    }
     prefetch_eagerly(&mut config);
     // One fetch request is in flight per broker, and its response is decoded
     // and queued partition after partition: with librdkafka's 1 MiB per

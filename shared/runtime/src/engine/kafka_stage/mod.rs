@@ -30,11 +30,14 @@ mod rebalance;
 mod run_loop;
 mod store_opening;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
+use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
 
 pub(crate) use rebalance::{GroupConsumer, StageContext};
@@ -67,9 +70,8 @@ pub(crate) struct KafkaStage<P: Processor> {
     metrics: StageMetrics,
     /// Progress and restores as they happen, for `/healthz` and `/metrics`.
     activity: Arc<StageActivity>,
-    /// The lag of each assigned input partition, shared with the consumer
-    /// context that receives librdkafka's statistics.
-    input_lag: Arc<InputLag>,
+    /// The lag of each assigned input partition.
+    input_lag: InputLag,
     /// Assignments received (see [`metrics::REBALANCES`]).
     rebalances: u64,
     /// Where the processing thread's time goes.
@@ -161,7 +163,7 @@ impl<P: Processor> KafkaStage<P> {
             resources,
             activity: metrics.activity(),
             metrics,
-            input_lag: Arc::default(),
+            input_lag: InputLag::default(),
             rebalances: 0,
             phases: PhaseTimes::default(),
             owned: HashSet::new(),
@@ -266,124 +268,6 @@ impl<P: Processor> KafkaStage<P> {
     }
 }
 
-/// The consumer's lag on each input partition assigned to it, as its last
-/// statistics gave it (librdkafka serves them inside `poll`).
-#[derive(Debug, Default)]
-pub(crate) struct InputLag {
-    /// (topic, partition, records behind the last stable offset).
-    partitions: Mutex<Vec<(String, i32, i64)>>,
-}
-
-/// The part of librdkafka's statistics JSON (STATISTICS.md) the lag is
-/// computed from. (Its own `consumer_lag` counts from the offset committed
-/// through librdkafka, which a transactional commit bypasses; and rdkafka's
-/// `Statistics` requires fields this librdkafka no longer sends.)
-#[derive(serde::Deserialize)]
-struct ConsumerStatistics {
-    #[serde(default)]
-    topics: HashMap<String, TopicStatistics>,
-}
-
-#[derive(serde::Deserialize)]
-struct TopicStatistics {
-    #[serde(default)]
-    partitions: HashMap<i32, PartitionStatistics>,
-}
-
-/// Offsets are -1001 where librdkafka has none.
-#[derive(serde::Deserialize)]
-struct PartitionStatistics {
-    #[serde(default)]
-    fetch_state: String,
-    /// The offset after the last record handed to the stage.
-    #[serde(default = "no_offset")]
-    app_offset: i64,
-    /// Where fetching began: an offset, or -2 for the beginning (`lo_offset`).
-    #[serde(default = "no_offset")]
-    query_offset: i64,
-    #[serde(default = "no_offset")]
-    lo_offset: i64,
-    /// The last stable offset (the end under read_committed), and the high watermark.
-    #[serde(default = "no_offset")]
-    ls_offset: i64,
-    #[serde(default = "no_offset")]
-    hi_offset: i64,
-}
-
-fn no_offset() -> i64 {
-    -1001
-}
-
-impl PartitionStatistics {
-    /// Records between the stage's position and the partition's end, when
-    /// both are known. Before the first record is handed over, the
-    /// position is where fetching began.
-    fn lag(&self) -> Option<i64> {
-        if matches!(self.fetch_state.as_str(), "none" | "stopped") {
-            return None;
-        }
-        let end = if self.ls_offset >= 0 {
-            self.ls_offset
-        } else {
-            self.hi_offset
-        };
-        let position = match (self.app_offset, self.query_offset) {
-            (handed_over, _) if handed_over >= 0 => handed_over,
-            (_, start) if start >= 0 => start,
-            (_, -2) => self.lo_offset,
-            _ => return None,
-        };
-        (end >= 0 && position >= 0).then(|| (end - position).max(0))
-    }
-}
-
-impl InputLag {
-    /// Takes the lag of the partitions the statistics in `json` show being
-    /// fetched (librdkafka lists others too, in state `none`, and a
-    /// partition -1 per topic).
-    fn update(&self, json: &[u8]) {
-        let statistics: ConsumerStatistics = match serde_json::from_slice(json) {
-            Ok(statistics) => statistics,
-            Err(error) => {
-                tracing::debug!(%error, "cannot read librdkafka's statistics");
-                return;
-            }
-        };
-        let mut partitions = Vec::new();
-        for (topic, stats) in statistics.topics {
-            for (partition, stats) in stats.partitions {
-                if let Some(lag) = stats.lag().filter(|_| partition >= 0) {
-                    partitions.push((topic.clone(), partition, lag));
-                }
-            }
-        }
-        partitions.sort_unstable();
-        *self.partitions.lock().unwrap() = partitions;
-    }
-
-    /// Whether records wait on any assigned partition.
-    fn waits(&self) -> bool {
-        self.partitions
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|&(_, _, lag)| lag > 0)
-    }
-
-    fn export(&self, snapshot: &mut Snapshot) {
-        for (topic, partition, lag) in self.partitions.lock().unwrap().iter() {
-            snapshot.set(
-                metrics::CONSUMER_LAG,
-                vec![
-                    ("topic", topic.clone()),
-                    ("partition", partition.to_string()),
-                ],
-                *lag as f64,
-            );
-        }
-    }
-}
-
 /// Moves everything in `collector` into the producer's queue, unless `hold`.
 fn send(collector: &mut Collector, delivery: &mut Delivery, hold: bool) {
     if hold {
@@ -403,45 +287,105 @@ fn send(collector: &mut Collector, delivery: &mut Delivery, hold: bool) {
     });
 }
 
+/// How often the lag is read again: often enough for a scrape every 15 s
+/// and for the liveness check, rarely enough to cost nothing.
+const LAG_REFRESH: Duration = Duration::from_secs(1);
+
+/// The consumer's lag on each input partition assigned to it: the
+/// partition's end as the last fetch saw it (its high watermark, cached by
+/// librdkafka) minus the position handed to the stage. Read from the
+/// consumer, not from librdkafka's statistics: with statistics enabled, a
+/// consumer whose broker restarted once stayed unable to read its committed
+/// offsets for minutes (tests/tests/broker_restart.rs).
+#[derive(Debug, Default)]
+pub(crate) struct InputLag {
+    /// (topic, partition, records behind the end).
+    partitions: Vec<(String, i32, i64)>,
+    refreshed: Option<Instant>,
+}
+
+impl InputLag {
+    /// Reads the lag again, at most every [`LAG_REFRESH`]. Partitions whose
+    /// position or end is not known yet (nothing fetched) are left out.
+    fn refresh<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) {
+        if self
+            .refreshed
+            .is_some_and(|refreshed| refreshed.elapsed() < LAG_REFRESH)
+        {
+            return;
+        }
+        self.refreshed = Some(Instant::now());
+        let Ok(positions) = consumer.position() else {
+            return;
+        };
+        self.partitions = positions
+            .elements()
+            .into_iter()
+            .filter_map(|element| {
+                let (_, end) = crate::native_admin::cached_watermarks(
+                    consumer.client(),
+                    element.topic(),
+                    element.partition(),
+                )?;
+                let lag = records_behind(element.offset(), end)?;
+                Some((element.topic().to_string(), element.partition(), lag))
+            })
+            .collect();
+        self.partitions.sort_unstable();
+    }
+
+    /// Whether records wait on any assigned partition.
+    fn waits(&self) -> bool {
+        self.partitions.iter().any(|&(_, _, lag)| lag > 0)
+    }
+
+    fn export(&self, snapshot: &mut Snapshot) {
+        for (topic, partition, lag) in &self.partitions {
+            snapshot.set(
+                metrics::CONSUMER_LAG,
+                vec![
+                    ("topic", topic.clone()),
+                    ("partition", partition.to_string()),
+                ],
+                *lag as f64,
+            );
+        }
+    }
+}
+
+/// Records between `position` and `end` when both are known. The position
+/// moves past transaction markers, so a partition read to its end is 0
+/// behind; records of a transaction still open count.
+fn records_behind(position: Offset, end: i64) -> Option<i64> {
+    match position {
+        Offset::Offset(position) if end >= 0 => Some((end - position).max(0)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::InputLag;
+    use super::records_behind;
+    use rdkafka::Offset;
 
     #[test]
-    fn lag_is_counted_from_the_position_to_the_last_stable_offset() {
-        let lag = InputLag::default();
-        lag.update(
-            br#"{"name": "c#consumer-1", "topics": {
-                "orders": {"topic": "orders", "partitions": {
-                    "0": {"fetch_state": "active", "app_offset": 10339, "query_offset": -2,
-                          "lo_offset": 0, "ls_offset": 38043, "hi_offset": 38044,
-                          "consumer_lag": -1},
-                    "1": {"fetch_state": "active", "app_offset": -1001, "query_offset": -2,
-                          "lo_offset": 100, "ls_offset": 30000, "hi_offset": 30000},
-                    "3": {"fetch_state": "active", "app_offset": -1001, "query_offset": 2000,
-                          "lo_offset": 100, "ls_offset": 30000, "hi_offset": 30000},
-                    "2": {"fetch_state": "none", "app_offset": 5, "ls_offset": 40},
-                    "-1": {"fetch_state": "none"}}},
-                "shipments": {"partitions": {
-                    "0": {"fetch_state": "offset-query", "app_offset": -1001, "query_offset": -1001},
-                    "1": {"fetch_state": "active", "app_offset": 700, "ls_offset": 700}}}}}"#,
+    fn lag_is_known_once_the_position_and_the_end_are() {
+        assert_eq!(records_behind(Offset::Offset(10_339), 38_043), Some(27_704));
+        assert_eq!(records_behind(Offset::Offset(700), 700), Some(0));
+        assert_eq!(
+            records_behind(Offset::Offset(701), 700),
+            Some(0),
+            "never negative"
         );
         assert_eq!(
-            *lag.partitions.lock().unwrap(),
-            vec![
-                ("orders".to_string(), 0, 38043 - 10339),
-                ("orders".to_string(), 1, 30000 - 100),
-                ("orders".to_string(), 3, 30000 - 2000),
-                ("shipments".to_string(), 1, 0),
-            ]
+            records_behind(Offset::Invalid, 700),
+            None,
+            "nothing handed over yet"
         );
-        assert!(lag.waits());
-        lag.update(
-            br#"{"topics": {"orders": {"partitions": {
-                "0": {"fetch_state": "active", "app_offset": 38043, "ls_offset": 38043}}}}}"#,
+        assert_eq!(
+            records_behind(Offset::Offset(5), -1001),
+            None,
+            "no fetch yet"
         );
-        assert!(!lag.waits());
-        lag.update(b"not json");
-        assert!(!lag.waits(), "the last statistics are kept");
     }
 }

@@ -8,32 +8,25 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use super::{InputLag, KafkaStage};
+use super::KafkaStage;
 use crate::engine::Engine;
 use crate::processor::Processor;
 
-/// The consumer context: rebalance callbacks reach the stage through it,
-/// and statistics the stage's [`InputLag`].
+/// The consumer context: rebalance callbacks reach the stage through it.
 pub(crate) struct StageContext<P: Processor> {
     pub(super) stage: Mutex<Option<KafkaStage<P>>>,
-    input_lag: Arc<InputLag>,
 }
 
 pub(crate) type GroupConsumer<P> = BaseConsumer<StageContext<P>>;
 
-impl<P: Processor> ClientContext for StageContext<P> {
-    fn stats_raw(&self, statistics: &[u8]) {
-        self.input_lag.update(statistics);
-    }
-}
+impl<P: Processor> ClientContext for StageContext<P> {}
 
 impl<P: Processor> StageContext<P> {
     /// The context of a consumer that runs `stage`.
     pub fn new(stage: KafkaStage<P>) -> Self {
         StageContext {
-            input_lag: stage.input_lag.clone(),
             stage: Mutex::new(Some(stage)),
         }
     }
