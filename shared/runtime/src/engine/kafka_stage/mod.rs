@@ -293,10 +293,7 @@ const LAG_REFRESH: Duration = Duration::from_secs(1);
 
 /// The consumer's lag on each input partition assigned to it: the
 /// partition's end as the last fetch saw it (its high watermark, cached by
-/// librdkafka) minus the position handed to the stage. Read from the
-/// consumer, not from librdkafka's statistics: with statistics enabled, a
-/// consumer whose broker restarted once stayed unable to read its committed
-/// offsets for minutes (tests/tests/broker_restart.rs).
+/// librdkafka: no request) minus the position handed to the stage.
 #[derive(Debug, Default)]
 pub(crate) struct InputLag {
     /// (topic, partition, records behind the end).
