@@ -242,7 +242,12 @@ pub fn fixture(relative: &str) -> Vec<Value> {
 /// yet): reads each partition up to its end offset as it is now, and stops
 /// there, without waiting for silence.
 pub fn consume_all(topic: &str) -> Vec<Value> {
-    let output = streamctl(&[
+    consume_all_with(topic, &[])
+}
+
+/// [`consume_all`] with more `streamctl consume` flags, e.g. `["--headers"]`.
+pub fn consume_all_with(topic: &str, flags: &[&str]) -> Vec<Value> {
+    let mut args = vec![
         "consume",
         "--topic",
         topic,
@@ -250,7 +255,9 @@ pub fn consume_all(topic: &str) -> Vec<Value> {
         "--until-end",
         "--idle-exit",
         "30s",
-    ]);
+    ];
+    args.extend_from_slice(flags);
+    let output = streamctl(&args);
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() && stderr.contains("does not exist") {
         return Vec::new();

@@ -265,16 +265,7 @@ fn files(dir: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
 
 /// The records of a changelog with their headers (values undecodable: not Avro).
 fn changelog_with_headers(topic: &str) -> Vec<Value> {
-    parse_jsonl(&streamctl_ok(&[
-        "consume",
-        "--topic",
-        topic,
-        "--from-beginning",
-        "--until-end",
-        "--idle-exit",
-        "30s",
-        "--headers",
-    ]))
+    consume_all_with(topic, &["--headers"])
 }
 
 /// Appends to `topic`-`partition` a record whose format header says
