@@ -19,9 +19,10 @@ deps: ## install the Debian packages the build needs (cmake, libclang, ...)
 build: deps ## build every binary (debug)
 	$(CARGO) build --workspace --bins
 
+# Test binaries run side by side, LANES (2) at a time: deploy/local/run-tests.py.
 test: build validate-deploy up models image-test ## all tests: unit + end-to-end against the local stack (started if needed)
 	rm -rf "$${E2E_SCRATCH_DIR:-$${TMPDIR:-/tmp}/streams-e2e}"
-	$(CARGO) test --workspace --no-fail-fast
+	CARGO=$(CARGO) python3 deploy/local/run-tests.py
 
 .PHONY: image image-test compose-demo
 image: deps ## the release image streams-services:latest with podman, no daemon, nothing pulled (docs/deploy.md)
