@@ -316,19 +316,25 @@ fn by_text(records: &[Value]) -> Vec<(String, &Value)> {
 }
 
 /// Waits until `topic` holds at least `count` records (or `timeout` passes),
-/// then, to catch extra rows, reads once more after a commit interval's
-/// worth of margin; returns all of them. A test that must prove that nothing
-/// *more* comes waits on the service's consumed-records metric instead
-/// ([`Service::wait_consumed`]).
+/// then, to catch extra rows, reads again until a read finds nothing new;
+/// returns all of them. Each read waits for the transactions open at its
+/// start to end, so the output a service had begun to write is in, and the
+/// last read shows that nothing more was committed while it ran. A test that
+/// must prove that nothing *more* comes at all waits on the service's
+/// consumed-records metric instead ([`Service::wait_consumed`]).
 pub fn wait_for_records(topic: &str, count: usize, timeout: Duration) -> Vec<Value> {
     let deadline = Instant::now() + timeout;
-    loop {
-        let records = consume_all(topic);
-        if records.len() >= count || Instant::now() >= deadline {
-            std::thread::sleep(Duration::from_millis(500));
-            return consume_all(topic);
-        }
+    let mut records = consume_all(topic);
+    while records.len() < count && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
+        records = consume_all(topic);
+    }
+    loop {
+        let again = consume_all(topic);
+        if again.len() == records.len() || Instant::now() >= deadline {
+            return again;
+        }
+        records = again;
     }
 }
 

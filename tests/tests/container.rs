@@ -290,8 +290,15 @@ fn sessionizer_runs_its_fixture_from_the_image_and_a_sigterm_stop_leaves_nothing
 
     let again = Container::start(run.binary, &run.args(&[]), &volume);
     again.wait_healthy_and_ready();
-    // Ten commit intervals for a replay to show.
-    std::thread::sleep(Duration::from_secs(1));
+    // Ten commits (one per interval, idle or not) for a replay to show.
+    let commits = again.metric("streams_commits_total");
+    assert!(
+        eventually(Duration::from_secs(30), || again
+            .metric("streams_commits_total")
+            >= commits + 10.0),
+        "no ten commits; log:\n{}",
+        again.log()
+    );
     assert_eq!(
         again.consumed(&run.input),
         0.0,
