@@ -238,7 +238,7 @@ impl Processor for EmbedBatcher {
     type Input = Article;
     type Output = ArticleEmbedding;
     type Timers = TenantTimer;
-    const STORES: &'static [&'static str] = STORES;
+    const STORES: &'static [StoreSpec] = STORES;
 
     fn process(
         &mut self,

@@ -218,7 +218,7 @@ impl Processor for IntervalJoin {
     type Input = JoinInput;
     type Output = ShippedOrder;
     type Timers = Expiry;
-    const STORES: &'static [&'static str] = STORES;
+    const STORES: &'static [StoreSpec] = STORES;
 
     fn process(
         &mut self,

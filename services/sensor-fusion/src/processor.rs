@@ -148,7 +148,7 @@ impl Processor for SensorFusion {
     type Input = Reading;
     type Output = MachineMaintenance;
     type Timers = WindowTimer;
-    const STORES: &'static [&'static str] = STORES;
+    const STORES: &'static [StoreSpec] = STORES;
 
     fn process(
         &mut self,

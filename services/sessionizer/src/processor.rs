@@ -102,7 +102,7 @@ impl Processor for Sessionizer {
     type Input = UserEvent;
     type Output = UserSession;
     type Timers = SessionTimer;
-    const STORES: &'static [&'static str] = STORES;
+    const STORES: &'static [StoreSpec] = STORES;
 
     fn process(
         &mut self,

@@ -104,7 +104,7 @@ impl Processor for PartialAggregator {
     type Input = MarketplaceOrder;
     type Output = WindowPartial;
     type Timers = WindowTimer;
-    const STORES: &'static [&'static str] = STORES;
+    const STORES: &'static [StoreSpec] = STORES;
 
     fn process(
         &mut self,
@@ -174,7 +174,7 @@ impl Processor for FinalAggregator {
     type Input = WindowPartial;
     type Output = OrderWindowCount;
     type Timers = WindowTimer;
-    const STORES: &'static [&'static str] = STORES;
+    const STORES: &'static [StoreSpec] = STORES;
 
     fn process(
         &mut self,

@@ -20,6 +20,8 @@ use crate::describe::{
 use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
 use crate::processor::Processor;
+use crate::query::peers::Peers;
+use crate::query::{endpoints_topic, serve as serve_queries, QueryServer};
 use crate::reset::{reset, ResetArgs};
 use crate::shutdown::{self, is_interrupted, Signals};
 use crate::standby::StandbyUpdater;
@@ -27,7 +29,7 @@ use crate::startup::{prepare_stage, ServiceEnv, StreamThread};
 use crate::state::store::StateResources;
 #[cfg(feature = "test-utils")]
 use crate::testing::{driver_stage, DriverEnv, DriverStage};
-use crate::topics::Admin;
+use crate::topics::{Admin, TopicSpec};
 use crate::topology::Topology;
 use clap::{Args, Parser};
 
@@ -260,6 +262,8 @@ impl Pipeline {
             service: self.service.to_string(),
             dead_letter_topic: format!("{application_id}-dlq"),
             late_topic: self.args.late_topic.clone(),
+            query_endpoints_topic: (self.args.queries.query_addr)
+                .map(|_| endpoints_topic(&application_id)),
             processing_guarantee: match self.args.processing_guarantee {
                 ProcessingGuarantee::ExactlyOnceV2 => "exactly_once_v2",
                 ProcessingGuarantee::AtLeastOnce => "at_least_once",
@@ -329,6 +333,7 @@ impl Pipeline {
             state_resources: StateResources::new(memory_limit, processing_threads),
             shutdown,
             link_writers: HashMap::new(),
+            queryable: Vec::new(),
             args: self.args,
         };
         let mut prepared = Vec::new();
@@ -351,6 +356,7 @@ impl Pipeline {
                 }
             }
         }
+        let queries = start_queries(&mut env)?;
         starting.store(false, Ordering::Relaxed);
 
         let shutdown = &env.shutdown;
@@ -382,9 +388,71 @@ impl Pipeline {
             );
             results
         });
+        if let Some(queries) = queries {
+            queries.stop();
+        }
         tracing::info!("stopped");
         results.into_iter().collect()
     }
+}
+
+/// Interactive queries, while they run.
+struct RunningQueries {
+    peers: Arc<Peers>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl RunningQueries {
+    /// Withdraws this instance's endpoint and stops reading the others'.
+    fn stop(self) {
+        if let Err(error) = self.peers.advertise(None) {
+            tracing::warn!(%error, "queries: cannot withdraw this instance's endpoint");
+        }
+        let _ = self.reader.join();
+    }
+}
+
+/// With `--query-addr`: the endpoints topic, this instance's endpoint in
+/// it, the thread that reads it and the groups, and the query listener.
+fn start_queries(env: &mut ServiceEnv) -> anyhow::Result<Option<RunningQueries>> {
+    let args = &env.args.queries;
+    let (Some(address), Some(url)) = (args.query_addr, args.advertised_url()) else {
+        return Ok(None);
+    };
+    let token = args.token()?;
+    let topic = endpoints_topic(&env.application_id);
+    let common: Vec<(&str, &str)> = (env.args.internal_topics.topic_configs.iter())
+        .map(|(key, value)| (key.as_str(), value.as_str()))
+        .filter(|(key, _)| *key != "cleanup.policy")
+        .chain([("cleanup.policy", "compact")])
+        .collect();
+    env.admin.ensure_topics(&[TopicSpec {
+        name: &topic,
+        partitions: 1,
+        configs: &common,
+        replication: env.args.internal_topics.internal_topic_replication_factor,
+    }])?;
+    let stages = std::mem::take(&mut env.queryable);
+    let groups = stages.iter().map(|stage| stage.group.clone()).collect();
+    let peers = Arc::new(Peers::new(&env.client_config, topic, groups)?);
+    peers.advertise(Some(&url))?;
+    let reader = std::thread::Builder::new()
+        .name("query-peers".into())
+        .spawn({
+            let (peers, shutdown) = (peers.clone(), env.shutdown.clone());
+            move || peers.run(&shutdown)
+        })?;
+    let server = Arc::new(QueryServer {
+        application_id: env.application_id.clone(),
+        stages,
+        open_stores: env.state_resources.open_stores().clone(),
+        peers: peers.clone(),
+        token,
+        client: reqwest::Client::new(),
+    });
+    env.runtime.block_on(serve_queries(address, server))?;
+    tracing::info!(%url, "queries advertised");
+    Ok(Some(RunningQueries { peers, reader }))
 }
 
 /// What a service process has before its pipeline is built: the tokio

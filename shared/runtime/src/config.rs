@@ -170,6 +170,10 @@ pub struct RuntimeArgs {
     /// repartition and stage-link topics, dead letters): how they are made.
     #[command(flatten)]
     pub internal_topics: InternalTopicArgs,
+
+    /// Interactive queries of the state (off unless `--query-addr` is set).
+    #[command(flatten)]
+    pub queries: crate::query::QueryArgs,
 }
 
 /// A codec of Kafka record batches, as `compression.type` names it.

@@ -29,6 +29,9 @@ pub struct ServiceDescription {
     pub dead_letter_topic: String,
     /// Where late records go (`--late-topic`), if anywhere.
     pub late_topic: Option<String>,
+    /// Where instances advertise their query URL, with `--query-addr`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub query_endpoints_topic: Option<String>,
 }
 
 /// One stage: a processor over its own tasks, in its own consumer group.
@@ -83,6 +86,7 @@ impl ServiceDescription {
     /// repartition and link topics, dead letters), sorted.
     pub fn internal_topics(&self) -> Vec<String> {
         let mut topics = vec![self.dead_letter_topic.clone()];
+        topics.extend(self.query_endpoints_topic.clone());
         for stage in &self.stages {
             topics.extend(stage.stores.iter().map(|store| store.changelog.clone()));
             topics.extend(

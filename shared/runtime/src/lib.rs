@@ -77,6 +77,7 @@ mod planning;
 mod pool;
 mod process_stats;
 pub mod processor;
+pub mod query;
 pub mod reset;
 mod restore;
 mod shutdown;
@@ -105,7 +106,7 @@ pub use duration::HumanDuration;
 pub use partitioner::murmur2_partition;
 pub use processor::{
     Completion, Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record,
-    StateView, Timer, TimerName, ValueState,
+    StateView, StoreSpec, Timer, TimerName, ValueState,
 };
 pub use state::codec::MapKey;
 pub use time::NO_WATERMARK;
@@ -116,7 +117,7 @@ pub use topology::{InputStream, StageLink, Topology};
 pub mod prelude {
     pub use crate::processor::{
         Completion, Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record,
-        StateView, Timer, TimerName, ValueState,
+        StateView, StoreSpec, Timer, TimerName, ValueState,
     };
     pub use crate::time::NO_WATERMARK;
     pub use crate::timers::TimeDomain;

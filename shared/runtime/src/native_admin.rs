@@ -20,8 +20,19 @@ use rdkafka::types::RDKafkaRespErr;
 /// A member of a consumer group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupMember {
+    pub member_id: String,
     pub client_id: String,
     pub host: String,
+    /// The partitions it is assigned, by topic.
+    pub assignment: Vec<(String, i32)>,
+}
+
+/// A consumer group as its coordinator describes it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GroupDescription {
+    /// Whether the group is stable (not rebalancing, not empty or dead).
+    pub stable: bool,
+    pub members: Vec<GroupMember>,
 }
 
 /// The members of each of `groups` (none for a group that does not exist),
@@ -31,6 +42,19 @@ pub(crate) fn group_members<C: ClientContext>(
     groups: &[&str],
     timeout: Duration,
 ) -> anyhow::Result<HashMap<String, Vec<GroupMember>>> {
+    Ok(describe_groups(client, groups, timeout)?
+        .into_iter()
+        .map(|(group, description)| (group, description.members))
+        .collect())
+}
+
+/// Each of `groups` described (an empty description for a group that does
+/// not exist), by group.
+pub(crate) fn describe_groups<C: ClientContext>(
+    client: &Client<C>,
+    groups: &[&str],
+    timeout: Duration,
+) -> anyhow::Result<HashMap<String, GroupDescription>> {
     let what = format!("consumer groups {}", groups.join(", "));
     let names = c_strings(groups)?;
     let mut pointers: Vec<*const c_char> = names.iter().map(|name| name.as_ptr()).collect();
@@ -76,13 +100,37 @@ pub(crate) fn group_members<C: ClientContext>(
             let found = (0..rd::rd_kafka_ConsumerGroupDescription_member_count(description))
                 .map(|member| {
                     let member = rd::rd_kafka_ConsumerGroupDescription_member(description, member);
+                    let assigned = rd::rd_kafka_MemberAssignment_partitions(
+                        rd::rd_kafka_MemberDescription_assignment(member),
+                    );
+                    let assignment = if assigned.is_null() {
+                        Vec::new()
+                    } else {
+                        (0..(*assigned).cnt as usize)
+                            .map(|index| {
+                                let entry = &*(*assigned).elems.add(index);
+                                (text(entry.topic), entry.partition)
+                            })
+                            .collect()
+                    };
                     GroupMember {
+                        member_id: text(rd::rd_kafka_MemberDescription_consumer_id(member)),
                         client_id: text(rd::rd_kafka_MemberDescription_client_id(member)),
                         host: text(rd::rd_kafka_MemberDescription_host(member)),
+                        assignment,
                     }
                 })
                 .collect();
-            members.insert(group, found);
+            let state = rd::rd_kafka_ConsumerGroupDescription_state(description);
+            let stable =
+                state == rd::rd_kafka_consumer_group_state_t::RD_KAFKA_CONSUMER_GROUP_STATE_STABLE;
+            members.insert(
+                group,
+                GroupDescription {
+                    stable,
+                    members: found,
+                },
+            );
         }
     }
     Ok(members)

@@ -44,7 +44,7 @@ pub trait Processor: Clone + Send + 'static {
     /// The state stores this processor uses, as listed by
     /// [`stores!`](crate::stores). The runtime opens exactly these (plus its
     /// own), each with a changelog topic.
-    const STORES: &'static [&'static str];
+    const STORES: &'static [StoreSpec];
 
     /// Handles one input record that is not late.
     fn process(
@@ -278,8 +278,9 @@ macro_rules! timer_names {
 }
 
 /// Declares state stores — each a `const` handle with its permanent name —
-/// and a `STORES` list of their names for [`Processor::STORES`], so that a
-/// store cannot be used without being opened.
+/// and a `STORES` list of them for [`Processor::STORES`], so that a
+/// store cannot be used without being opened (and can be queried, see
+/// [`crate::query`]).
 ///
 /// ```
 /// use std::collections::BTreeMap;
@@ -291,7 +292,8 @@ macro_rules! timer_names {
 ///     /// Readings by window start.
 ///     READINGS: MapState<i64, f64> = "readings";
 /// }
-/// assert_eq!(STORES, &["sessions", "readings"]);
+/// let names: Vec<&str> = STORES.iter().map(|store| store.name).collect();
+/// assert_eq!(names, ["sessions", "readings"]);
 /// assert_eq!(SESSIONS.name(), "sessions");
 /// ```
 #[macro_export]
@@ -303,7 +305,7 @@ macro_rules! stores {
 
         /// Every store declared here, for `Processor::STORES`.
         #[allow(dead_code)]
-        pub const STORES: &[&str] = &[$($text),+];
+        pub const STORES: &[$crate::processor::StoreSpec] = &[$($name.spec()),+];
     };
 }
 
@@ -354,6 +356,38 @@ impl<T> ValueState<T> {
     pub const fn name(&self) -> &'static str {
         self.name
     }
+
+    /// What a query needs to know of it.
+    #[doc(hidden)]
+    pub const fn spec(&self) -> StoreSpec {
+        StoreSpec {
+            name: self.name,
+            shape: StoreShape::Value,
+        }
+    }
+}
+
+/// A declared store, as [`Processor::STORES`] lists it: its name and the
+/// shape of its entries, which is what a query needs to render them.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSpec {
+    pub name: &'static str,
+    pub shape: StoreShape,
+}
+
+/// How a store's entries are laid out.
+#[derive(Debug, Clone, Copy)]
+pub enum StoreShape {
+    /// One value per key ([`ValueState`]).
+    Value,
+    /// A map per key ([`MapState`]).
+    Map {
+        /// Renders an entry's key, as stored, in JSON.
+        entry_key: fn(&[u8]) -> anyhow::Result<serde_json::Value>,
+        /// Whether entry keys begin with a time (an `i64`: a window start),
+        /// so that a query can ask for a time range.
+        timed: bool,
+    },
 }
 
 /// A named store of a map per key, whose entries are read and written one at
@@ -378,6 +412,24 @@ impl<K, V> MapState<K, V> {
     pub const fn name(&self) -> &'static str {
         self.name
     }
+}
+
+impl<K: MapKey, V> MapState<K, V> {
+    /// What a query needs to know of it.
+    #[doc(hidden)]
+    pub const fn spec(&self) -> StoreSpec {
+        StoreSpec {
+            name: self.name,
+            shape: StoreShape::Map {
+                entry_key: entry_key_json::<K>,
+                timed: K::TIMED,
+            },
+        }
+    }
+}
+
+fn entry_key_json<K: MapKey>(bytes: &[u8]) -> anyhow::Result<serde_json::Value> {
+    Ok(K::decode_key(bytes)?.to_json())
 }
 
 /// Work a processor hands off the processing thread — a call to an external

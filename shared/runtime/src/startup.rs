@@ -23,6 +23,8 @@ use crate::planning::{
     StageSettings, StageTopics, StageWiring,
 };
 use crate::processor::Processor;
+use crate::query::peers::StageGroup;
+use crate::query::QueryableStage;
 use crate::restore::Restorer;
 use crate::standby::{ActiveTasks, StandbySettings, StandbyUpdater};
 use crate::state::store::StateResources;
@@ -45,6 +47,8 @@ pub(crate) struct ServiceEnv {
     pub shutdown: Arc<AtomicBool>,
     /// The partition count of the stage that writes each link, by link name.
     pub link_writers: HashMap<&'static str, usize>,
+    /// The stages prepared so far, as queries see them.
+    pub queryable: Vec<QueryableStage>,
 }
 
 /// One processing thread of a stage (`--stream-threads`).
@@ -146,6 +150,7 @@ pub(crate) fn prepare_stage<P: Processor>(
         0 => None,
         replicas => Some(plan.standby_updater(env, replicas, &consumers[0].1)?),
     };
+    env.queryable.push(plan.queryable(env, &consumers[0].1));
     tracing::info!(
         application_id = plan.application_id,
         partitions = plan.partitions,
@@ -421,6 +426,43 @@ impl<P: Processor> StagePlan<P> {
 }
 
 impl<P: Processor> StagePlan<P> {
+    /// The stage as queries see it; `consumer` is one of its processing
+    /// threads' (for the task topics).
+    fn queryable(&self, env: &ServiceEnv, consumer: &GroupConsumer<P>) -> QueryableStage {
+        let task_topic = consumer.context().with_engine(|engine| {
+            let topics = engine.task_topics();
+            topics
+                .into_iter()
+                .next()
+                .map(|(_, topic)| topic)
+                .unwrap_or_default()
+        });
+        let stores = P::STORES
+            .iter()
+            .filter_map(|spec| {
+                let index = self
+                    .topics
+                    .store_names
+                    .iter()
+                    .position(|n| n == spec.name)?;
+                Some((*spec, index, self.topics.changelogs[index].clone()))
+            })
+            .collect();
+        QueryableStage {
+            name: self.name.unwrap_or("main").to_string(),
+            group: StageGroup {
+                group: self.application_id.clone(),
+                task_topic,
+                tasks: self.partitions,
+                instance: self.instance.clone(),
+                static_members: env.args.instance_id.is_some(),
+                standby_replicas: env.args.standby_replicas,
+            },
+            state_dir: self.state_dir.clone(),
+            stores,
+        }
+    }
+
     /// The stage's standby thread, keeping `replicas` copies per task;
     /// `consumer` is one of its processing threads' (for the task topics).
     fn standby_updater(

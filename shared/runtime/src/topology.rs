@@ -224,16 +224,16 @@ pub(crate) const PROGRESS_STORE: &str = "task-progress";
 /// only if `P` does not derive its timers from state); a declared name that
 /// clashes with those is an error.
 pub(crate) fn all_stores<P: Processor>() -> anyhow::Result<Vec<String>> {
-    for name in P::STORES {
+    for name in P::STORES.iter().map(|store| store.name) {
         anyhow::ensure!(
-            *name != TIMER_STORE && *name != PROGRESS_STORE,
+            name != TIMER_STORE && name != PROGRESS_STORE,
             "store name '{name}' is reserved by the runtime"
         );
     }
     let timers = (!P::TIMERS_FROM_STATE).then_some(TIMER_STORE);
     Ok(P::STORES
         .iter()
-        .copied()
+        .map(|store| store.name)
         .chain(timers)
         .chain([PROGRESS_STORE])
         .map(str::to_string)

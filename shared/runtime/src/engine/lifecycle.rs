@@ -3,6 +3,7 @@
 
 use super::{Engine, Route};
 use crate::processor::Processor;
+use crate::state::open_stores::StoreRole;
 use crate::state::store::TaskStore;
 use crate::task::Task;
 
@@ -44,6 +45,7 @@ impl<P: Processor> Engine<P> {
 
     /// Opens task `partition` over `store`, which holds its committed state.
     pub fn open_task(&mut self, partition: i32, store: TaskStore) -> anyhow::Result<()> {
+        store.serve_queries_as(StoreRole::Active);
         let task = Task::open(
             partition,
             self.processor.clone(),

@@ -38,6 +38,7 @@ use crate::client::kafka::changelog_reader_config;
 use crate::metrics::{Snapshot, StageMetrics, STANDBY_LAG, STANDBY_RECORDS, STANDBY_TASKS};
 use crate::restore::{stale_checkpoint, ChangelogIds, StaleLocalState};
 use crate::state::format::{self, UnknownFormat};
+use crate::state::open_stores::StoreRole;
 use crate::state::store::{RestoreBatch, StateResources, TaskStore};
 use placement::standby_tasks;
 use watcher::GroupWatcher;
@@ -322,6 +323,7 @@ impl StandbyUpdater {
         match opened {
             Ok(store) => {
                 let batch = store.restore_batch();
+                store.serve_queries_as(StoreRole::Standby);
                 tracing::info!(task, "standby started");
                 self.standbys.insert(task, Standby { store, batch });
             }
@@ -391,6 +393,9 @@ impl StandbyUpdater {
                 let Some(end) = ends.get(&(topic.clone(), *task)) else {
                     return Ok(-1);
                 };
+                // The last offset (a transaction marker, often): a query's
+                // lag is counted from it.
+                standby.store.changelog_reached(index, end - 1);
                 // The consumer's position moves past transaction markers;
                 // before anything is fetched it is unset, and the standby
                 // stands where it was assigned: past its checkpoint.

@@ -41,6 +41,11 @@ pub trait MapKey: Sized {
     fn encode_key(&self, out: &mut Vec<u8>);
     /// Decodes a key from exactly `bytes`.
     fn decode_key(bytes: &[u8]) -> anyhow::Result<Self>;
+    /// The key in JSON, as a query shows it.
+    fn to_json(&self) -> serde_json::Value;
+    /// Whether the encoding begins with an `i64` time (a window start), so
+    /// that entries can be selected by a time range.
+    const TIMED: bool = false;
 }
 
 /// Encodes an `i64` so that byte order equals numeric order.
@@ -66,6 +71,10 @@ impl MapKey for i64 {
     fn decode_key(bytes: &[u8]) -> anyhow::Result<Self> {
         Ok(i64_from_ordered_bytes(fixed(bytes)?))
     }
+    fn to_json(&self) -> serde_json::Value {
+        (*self).into()
+    }
+    const TIMED: bool = true;
 }
 
 impl MapKey for u64 {
@@ -75,6 +84,9 @@ impl MapKey for u64 {
     fn decode_key(bytes: &[u8]) -> anyhow::Result<Self> {
         Ok(u64::from_be_bytes(fixed(bytes)?))
     }
+    fn to_json(&self) -> serde_json::Value {
+        (*self).into()
+    }
 }
 
 impl MapKey for String {
@@ -83,6 +95,9 @@ impl MapKey for String {
     }
     fn decode_key(bytes: &[u8]) -> anyhow::Result<Self> {
         Ok(std::str::from_utf8(bytes)?.to_string())
+    }
+    fn to_json(&self) -> serde_json::Value {
+        self.as_str().into()
     }
 }
 
@@ -98,6 +113,10 @@ impl<B: MapKey> MapKey for (i64, B) {
         let (first, rest) = bytes.split_at(8);
         Ok((i64::decode_key(first)?, B::decode_key(rest)?))
     }
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!([self.0, self.1.to_json()])
+    }
+    const TIMED: bool = true;
 }
 
 /// The prefix under which all entries of one map (one record key) are stored:

@@ -4,6 +4,7 @@
 pub mod codec;
 pub mod format;
 mod layer;
+pub mod open_stores;
 mod read_cache;
 mod resources;
 mod restore_batch;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Options, WriteBufferManager};
 
+use super::open_stores::OpenStores;
 use crate::pool::WorkerPool;
 
 /// State memory shared by every task of the process: one RocksDB block
@@ -18,6 +19,8 @@ pub struct StateResources {
     write_buffers: WriteBufferManager,
     pub(super) shares: Arc<MemoryShares>,
     pub(super) writers: Arc<WorkerPool>,
+    /// Every task store open in the process, for queries.
+    pub(super) open_stores: Arc<OpenStores>,
 }
 
 /// The read caches' and the timers' shares of the budget, each split evenly
@@ -68,7 +71,13 @@ impl StateResources {
                 tasks: AtomicUsize::new(0),
             }),
             writers: Arc::new(WorkerPool::new("state-writer", writers)),
+            open_stores: Arc::default(),
         }
+    }
+
+    /// The task stores open in the process.
+    pub fn open_stores(&self) -> &Arc<OpenStores> {
+        &self.open_stores
     }
 
     pub(super) fn options(&self) -> Options {

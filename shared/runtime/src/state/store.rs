@@ -39,6 +39,7 @@ use serde::Serialize;
 use super::codec::{decode_value, encode_value};
 use super::format;
 use super::layer::Layer;
+use super::open_stores::{Registration, StoreRole};
 use super::read_cache::ReadCache;
 use super::resources::MemoryShares;
 pub use super::resources::StateResources;
@@ -134,6 +135,8 @@ pub struct TaskStore {
     cache: ReadCache,
     shares: Arc<MemoryShares>,
     writers: Arc<WorkerPool>,
+    /// Its place among the stores queries read.
+    registration: Registration,
 }
 
 /// Whether opening a database failed because another handle holds its
@@ -220,10 +223,12 @@ impl TaskStore {
     }
 
     fn with_db(db: Arc<DB>, path: &Path, names: &[String], resources: &StateResources) -> Self {
+        let names: Arc<[String]> = names.into();
+        let registration = resources.open_stores.register(path, &db, &names);
         TaskStore {
             db,
             path: path.to_path_buf(),
-            names: names.into(),
+            registration,
             overlay: empty_layers(names.len()),
             sealed: empty_layers(names.len()),
             applying: None,
@@ -231,7 +236,19 @@ impl TaskStore {
             cache: ReadCache::new(names.len(), resources.shares.clone()),
             shares: resources.shares.clone(),
             writers: resources.writers.clone(),
+            names,
         }
+    }
+
+    /// Makes the store answer queries as `role` from now on.
+    pub fn serve_queries_as(&self, role: StoreRole) {
+        self.registration.entry.set_role(role);
+    }
+
+    /// Tells queries that `store`'s changelog has reached `offset` (their
+    /// lag is counted from it).
+    pub fn changelog_reached(&self, store: StoreIndex, offset: i64) {
+        self.registration.entry.set_known_end(store, offset);
     }
 
     /// This task's share of the memory for timers.

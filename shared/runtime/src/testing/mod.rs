@@ -60,7 +60,7 @@
 //!     type Input = Click;
 //!     type Output = Count;
 //!     type Timers = CounterTimer;
-//!     const STORES: &'static [&'static str] = STORES;
+//!     const STORES: &'static [streams_runtime::StoreSpec] = STORES;
 //!
 //!     fn process(&mut self, ctx: &mut Context<'_, Self>, record: Record<'_, Click>) -> anyhow::Result<()> {
 //!         let user = record.value.user;
@@ -473,7 +473,7 @@ mod tests {
         type Input = Word;
         type Output = serde_json::Value;
         type Timers = NoTimers;
-        const STORES: &'static [&'static str] = STORES;
+        const STORES: &'static [crate::processor::StoreSpec] = STORES;
 
         fn process(
             &mut self,
@@ -556,7 +556,7 @@ mod tests {
         type Input = Step;
         type Output = serde_json::Value;
         type Timers = StepTimer;
-        const STORES: &'static [&'static str] = &[];
+        const STORES: &'static [crate::processor::StoreSpec] = &[];
 
         fn process(
             &mut self,

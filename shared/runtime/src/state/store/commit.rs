@@ -63,6 +63,9 @@ impl TaskStore {
         let sealed = std::mem::replace(&mut self.sealed, empty_layers(self.names.len()));
         let changes = Arc::new(sealed);
         let checkpoints = checkpoints.to_vec();
+        for &(store, offset) in &checkpoints {
+            self.changelog_reached(store, offset);
+        }
         let written = self.writers.run({
             let (db, names) = (self.db.clone(), self.names.clone());
             let (changes, checkpoints) = (changes.clone(), checkpoints.clone());

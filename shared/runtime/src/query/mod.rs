@@ -1,0 +1,119 @@
+//! Interactive queries: the committed state of every store, over HTTP, from
+//! any instance (Kafka Streams' IQv2, ksqlDB's pull queries).
+//!
+//! With `--query-addr`, each instance answers
+//!
+//! * `GET /stores`: the stores it can be asked about;
+//! * `GET /stores/<stage>/<store>/keys/<key>`: one key;
+//! * `GET /stores/<stage>/<store>/keys/<key>/windows?from=&to=`: a key's
+//!   windows starting in a time range (windowed stores);
+//! * `GET /stores/<stage>/<store>/range?from=&to=&prefix=&limit=`: keys in a
+//!   range, from every task (or one, `partition=`), each task's answer apart.
+//!
+//! A key belongs to the task its partition (murmur2, as the producers'
+//! partitioner) names. An instance that does not own it forwards the query
+//! once to the owner ([`peers`]: the group's description says who owns
+//! it, the endpoints topic where it answers); a forwarded query carries
+//! [`HOP_HEADER`] and is never forwarded again. Every answer says the
+//! changelog offset it reflects (`position`) and how far it is behind what
+//! is known to be committed (`lag`); `min_position=`, `max_lag=` and
+//! `standby=allow` ask for more or allow less. While a task is restored or
+//! moves, the answer is 503 with `Retry-After`, never a stale value
+//! presented as current. docs/queries.md has the whole contract.
+
+mod json;
+pub(crate) mod peers;
+mod read;
+mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use json::state_value_json;
+pub(crate) use server::{serve, QueryServer};
+
+use crate::processor::StoreSpec;
+
+/// The flags of interactive queries (part of [`crate::RuntimeArgs`]).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct QueryArgs {
+    /// Serve queries of the state on this address (off without it). A
+    /// listener of its own, apart from `--http-addr`: it reads all of the
+    /// application's state, so it is opened only when asked for.
+    #[arg(long, env = "QUERY_ADDR")]
+    pub query_addr: Option<SocketAddr>,
+
+    /// The URL at which the other instances reach this one's queries.
+    /// Default `http://<host name>:<port of --query-addr>`.
+    #[arg(long, env = "QUERY_ADVERTISED_URL")]
+    pub query_advertised_url: Option<String>,
+
+    /// A file holding the bearer token every query must present
+    /// (`Authorization: Bearer <token>`); forwarded queries carry it too, so
+    /// every instance of the application needs the same one.
+    #[arg(long, env = "QUERY_TOKEN_FILE")]
+    pub query_token_file: Option<PathBuf>,
+}
+
+impl QueryArgs {
+    /// The URL this instance advertises, once `--query-addr` is set.
+    pub(crate) fn advertised_url(&self) -> Option<String> {
+        let address = self.query_addr?;
+        Some(match &self.query_advertised_url {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None => {
+                let host = std::env::var("HOSTNAME")
+                    .ok()
+                    .filter(|name| !name.is_empty())
+                    .or_else(host_name)
+                    .unwrap_or_else(|| address.ip().to_string());
+                format!("http://{host}:{}", address.port())
+            }
+        })
+    }
+
+    /// The bearer token, read from its file.
+    pub(crate) fn token(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.query_token_file else {
+            return Ok(None);
+        };
+        let token = std::fs::read_to_string(path).map_err(|e| {
+            anyhow::anyhow!("cannot read --query-token-file {}: {e}", path.display())
+        })?;
+        let token = token.trim().to_string();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "--query-token-file {} is empty",
+            path.display()
+        );
+        Ok(Some(token))
+    }
+}
+
+fn host_name() -> Option<String> {
+    let mut buffer = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer.
+    let result = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+    (result == 0).then(|| {
+        let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+        String::from_utf8_lossy(&buffer[..end]).into_owned()
+    })
+}
+
+/// The name of the topic where instances advertise their query URL.
+pub(crate) fn endpoints_topic(application_id: &str) -> String {
+    format!("{application_id}-query-endpoints")
+}
+
+/// A stage whose stores can be queried.
+#[derive(Debug, Clone)]
+pub(crate) struct QueryableStage {
+    /// As `describe` names it (`main` for the first stage).
+    pub name: String,
+    pub group: peers::StageGroup,
+    /// `<state-dir>/<stage application id>`: task *p* is in `task-<p>`.
+    pub state_dir: PathBuf,
+    /// The processor's stores, with their index in the task's database
+    /// and their changelog topic.
+    pub stores: Vec<(StoreSpec, usize, String)>,
+}

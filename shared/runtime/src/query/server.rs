@@ -1,0 +1,559 @@
+//! The query listener: parsing a request, answering it from a local task,
+//! forwarding it to the owner, or fanning a range out over every task.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::peers::{Peer, Peers};
+use super::read::{Selection, Snapshot};
+use super::QueryableStage;
+use crate::http::read_head;
+use crate::partitioner::murmur2_partition;
+use crate::processor::StoreShape;
+use crate::state::open_stores::{OpenStores, StoreRole};
+
+/// Marks a query forwarded by another instance: answered here or not at all.
+pub const HOP_HEADER: &str = "x-streams-query-hop";
+/// What a client is told to wait before asking again, in seconds.
+const RETRY_AFTER_SECONDS: u32 = 1;
+/// Entries per task a range query returns unless it says `limit=`.
+const DEFAULT_LIMIT: usize = 1_000;
+const MAX_LIMIT: usize = 100_000;
+/// How long a forwarded query may take.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything a query is answered with.
+pub(crate) struct QueryServer {
+    pub application_id: String,
+    pub stages: Vec<QueryableStage>,
+    pub open_stores: Arc<OpenStores>,
+    pub peers: Arc<Peers>,
+    pub token: Option<String>,
+    pub client: reqwest::Client,
+}
+
+/// An answer: status, body, and whether to say `Retry-After`.
+struct Answer {
+    status: u16,
+    body: Value,
+}
+
+impl Answer {
+    fn ok(body: Value) -> Self {
+        Answer { status: 200, body }
+    }
+    fn error(status: u16, message: impl Into<String>) -> Self {
+        Answer {
+            status,
+            body: json!({"error": message.into()}),
+        }
+    }
+    /// 503: not answerable here now; asking again shortly will do.
+    fn unavailable(message: impl Into<String>) -> Self {
+        Answer::error(503, message)
+    }
+}
+
+/// A parsed request.
+struct Request {
+    segments: Vec<String>,
+    /// The path and query as received, for forwarding.
+    target: String,
+    params: HashMap<String, String>,
+    authorization: Option<String>,
+    hop: bool,
+}
+
+fn parse_request(head: &str) -> Option<(String, Request)> {
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next()?.split_whitespace();
+    let method = first.next()?.to_string();
+    let target = first.next()?.to_string();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let segments = path
+        .split('/')
+        .filter(|segment| !segment.is_empty())
+        .map(|segment| {
+            percent_encoding::percent_decode_str(segment)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect();
+    let params = form_urlencoded::parse(query.as_bytes())
+        .into_owned()
+        .collect();
+    let mut authorization = None;
+    let mut hop = false;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        match name.trim().to_ascii_lowercase().as_str() {
+            "authorization" => authorization = Some(value.trim().to_string()),
+            HOP_HEADER => hop = true,
+            _ => {}
+        }
+    }
+    Some((
+        method,
+        Request {
+            segments,
+            target,
+            params,
+            authorization,
+            hop,
+        },
+    ))
+}
+
+/// Binds the query listener (a taken port is a clear startup error) and
+/// serves it on the current tokio runtime.
+pub(crate) async fn serve(
+    address: SocketAddr,
+    server: Arc<QueryServer>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(address).await.map_err(|e| {
+        anyhow::anyhow!("cannot listen on {address} for queries (--query-addr): {e}")
+    })?;
+    tracing::info!(%address, "serving interactive queries");
+    Ok(tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((socket, _)) => {
+                    tokio::spawn(answer_connection(socket, server.clone()));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot accept a query connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }))
+}
+
+async fn answer_connection(mut socket: TcpStream, server: Arc<QueryServer>) {
+    let mut buffer = [0u8; 8192];
+    let Ok(Ok(read)) =
+        tokio::time::timeout(Duration::from_secs(5), read_head(&mut socket, &mut buffer)).await
+    else {
+        return;
+    };
+    let head = String::from_utf8_lossy(&buffer[..read]);
+    let answer = match parse_request(&head) {
+        None => Answer::error(400, "malformed request"),
+        Some((method, _)) if method != "GET" => Answer::error(405, "only GET is served"),
+        Some((_, request)) => server.answer(&request).await,
+    };
+    let body = answer.body.to_string();
+    let reason = match answer.status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        503 => "Service Unavailable",
+        _ => "Error",
+    };
+    let retry = match answer.status {
+        503 => format!("Retry-After: {RETRY_AFTER_SECONDS}\r\n"),
+        401 => "WWW-Authenticate: Bearer\r\n".to_string(),
+        _ => String::new(),
+    };
+    let response = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Type: application/json\r\n{retry}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        answer.status,
+        body.len()
+    );
+    let _ = socket.write_all(response.as_bytes()).await;
+}
+
+/// Compares without stopping at the first difference, so that the time an
+/// answer takes tells nothing about the token.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// A query's options on consistency.
+struct Bounds {
+    min_position: Option<i64>,
+    max_lag: Option<i64>,
+    standby: bool,
+}
+
+impl QueryServer {
+    async fn answer(self: &Arc<Self>, request: &Request) -> Answer {
+        if let Some(token) = &self.token {
+            let presented =
+                (request.authorization.as_deref()).and_then(|value| value.strip_prefix("Bearer "));
+            if !presented.is_some_and(|presented| same_secret(presented, token)) {
+                return Answer::error(401, "a bearer token is required");
+            }
+        }
+        let segments: Vec<&str> = request.segments.iter().map(String::as_str).collect();
+        match segments.as_slice() {
+            ["stores"] => Answer::ok(self.catalog()),
+            ["stores", stage, store, rest @ ..] => match self.find(stage, store) {
+                Some((stage, spec)) => self.query(request, stage, spec, rest).await,
+                None => Answer::error(404, format!("no store {store} in stage {stage}")),
+            },
+            _ => Answer::error(404, "not found; GET /stores lists the stores"),
+        }
+    }
+
+    fn catalog(&self) -> Value {
+        let stores: Vec<Value> = (self.stages.iter())
+            .flat_map(|stage| {
+                stage.stores.iter().map(move |(spec, _, changelog)| {
+                    let (kind, windowed) = match spec.shape {
+                        StoreShape::Value => ("value", false),
+                        StoreShape::Map { timed, .. } => ("map", timed),
+                    };
+                    json!({
+                        "stage": stage.name,
+                        "store": spec.name,
+                        "kind": kind,
+                        "windowed": windowed,
+                        "changelog": changelog,
+                        "partitions": stage.group.tasks,
+                    })
+                })
+            })
+            .collect();
+        json!({"application_id": self.application_id, "stores": stores})
+    }
+
+    fn find(&self, stage: &str, store: &str) -> Option<(&QueryableStage, usize)> {
+        let stage = self.stages.iter().find(|s| s.name == stage)?;
+        let index = stage
+            .stores
+            .iter()
+            .position(|(spec, _, _)| spec.name == store)?;
+        Some((stage, index))
+    }
+
+    async fn query(
+        self: &Arc<Self>,
+        request: &Request,
+        stage: &QueryableStage,
+        store: usize,
+        rest: &[&str],
+    ) -> Answer {
+        let number = |name: &str| -> Result<Option<i64>, Answer> {
+            match request.params.get(name) {
+                None => Ok(None),
+                Some(text) => text.parse().map(Some).map_err(|_| {
+                    Answer::error(400, format!("{name} must be an integer, not {text:?}"))
+                }),
+            }
+        };
+        let parsed = (|| {
+            let bounds = Bounds {
+                min_position: number("min_position")?,
+                max_lag: number("max_lag")?,
+                standby: request.params.get("standby").is_some_and(|v| v == "allow"),
+            };
+            let (selection, partition) = match rest {
+                ["keys", key] => (Selection::Key(key.to_string()), None),
+                ["keys", key, "windows"] => (
+                    Selection::Windows {
+                        key: key.to_string(),
+                        from: number("from")?.unwrap_or(i64::MIN),
+                        to: number("to")?.unwrap_or(i64::MAX),
+                    },
+                    None,
+                ),
+                ["range"] => {
+                    let limit = number("limit")?.map_or(DEFAULT_LIMIT, |l| l.max(1) as usize);
+                    let partition = number("partition")?;
+                    if partition.is_some_and(|p| p < 0 || p >= stage.group.tasks as i64) {
+                        return Err(Answer::error(400, "no such partition"));
+                    }
+                    let selection = Selection::Range {
+                        from: request.params.get("from").cloned(),
+                        to: request.params.get("to").cloned(),
+                        prefix: request.params.get("prefix").cloned(),
+                        limit: limit.min(MAX_LIMIT),
+                    };
+                    (selection, partition.map(|p| p as i32))
+                }
+                _ => return Err(Answer::error(404, "not found; see docs/queries.md")),
+            };
+            Ok((bounds, selection, partition))
+        })();
+        let (bounds, selection, partition) = match parsed {
+            Ok(parsed) => parsed,
+            Err(answer) => return answer,
+        };
+        match (&selection, partition) {
+            (Selection::Key(key) | Selection::Windows { key, .. }, _) => {
+                let task = murmur2_partition(key.as_bytes(), stage.group.tasks);
+                let mut answer = self
+                    .task_answer(
+                        request,
+                        &request.target,
+                        stage,
+                        store,
+                        task,
+                        &selection,
+                        &bounds,
+                    )
+                    .await;
+                if answer.status == 200 {
+                    answer.body["key"] = key.as_str().into();
+                }
+                answer
+            }
+            (Selection::Range { .. }, Some(task)) => {
+                self.task_answer(
+                    request,
+                    &request.target,
+                    stage,
+                    store,
+                    task,
+                    &selection,
+                    &bounds,
+                )
+                .await
+            }
+            (Selection::Range { .. }, None) => {
+                let separator = if request.target.contains('?') {
+                    '&'
+                } else {
+                    '?'
+                };
+                let asks = (0..stage.group.tasks as i32).map(|task| {
+                    let target = format!("{}{separator}partition={task}", request.target);
+                    let (selection, bounds) = (&selection, &bounds);
+                    async move {
+                        self.task_answer(request, &target, stage, store, task, selection, bounds)
+                            .await
+                    }
+                });
+                let answers = futures_join_all(asks).await;
+                let complete = answers.iter().all(|answer| answer.status == 200);
+                let partitions: Vec<Value> = answers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(task, answer)| match answer.status {
+                        200 => answer.body,
+                        status => json!({"partition": task, "status": status, "error": answer.body["error"]}),
+                    })
+                    .collect();
+                let body = json!({
+                    "stage": stage.name,
+                    "store": stage.stores[store].0.name,
+                    "partitions": partitions,
+                });
+                match complete {
+                    true => Answer::ok(body),
+                    false => Answer {
+                        status: 503,
+                        body: json!({"error": "not every partition could answer", "answer": body}),
+                    },
+                }
+            }
+        }
+    }
+
+    /// The answer of task `task` for `selection`: from here, or from the
+    /// instance that has it.
+    #[allow(clippy::too_many_arguments)]
+    async fn task_answer(
+        self: &Arc<Self>,
+        request: &Request,
+        target: &str,
+        stage: &QueryableStage,
+        store: usize,
+        task: i32,
+        selection: &Selection,
+        bounds: &Bounds,
+    ) -> Answer {
+        if let Some(answer) = self
+            .local_answer(stage, store, task, selection, bounds)
+            .await
+        {
+            return answer;
+        }
+        if request.hop {
+            return Answer::unavailable(format!("partition {task} is not served here (moved?)"));
+        }
+        let owner = self.peers.owner(&stage.group, task);
+        let mut candidates: Vec<Peer> = owner.iter().cloned().collect();
+        if bounds.standby {
+            candidates.extend(self.peers.standbys(&stage.group, task));
+        }
+        candidates.retain(|peer| peer.instance != stage.group.instance);
+        if owner
+            .as_ref()
+            .is_some_and(|o| o.instance == stage.group.instance)
+            && !bounds.standby
+        {
+            return Answer::unavailable(format!("partition {task} is being restored here"));
+        }
+        if candidates.is_empty() {
+            return Answer::unavailable(format!(
+                "no instance serves partition {task} now (rebalancing, restoring or starting)"
+            ));
+        }
+        let mut last = None;
+        for peer in candidates {
+            match self.forward(&peer, target).await {
+                Ok(answer) if answer.status == 200 => return answer,
+                Ok(answer) => last = Some(answer),
+                Err(error) => {
+                    last = Some(Answer::unavailable(format!(
+                        "the instance serving partition {task} ({}) did not answer: {error}",
+                        peer.instance
+                    )))
+                }
+            }
+        }
+        last.expect("at least one candidate was asked")
+    }
+
+    /// The answer from this process's copy of task `task`, if it has one it
+    /// may answer from.
+    async fn local_answer(
+        &self,
+        stage: &QueryableStage,
+        store: usize,
+        task: i32,
+        selection: &Selection,
+        bounds: &Bounds,
+    ) -> Option<Answer> {
+        let open = self
+            .open_stores
+            .get(&stage.state_dir.join(format!("task-{task}")))?;
+        let role = open.role();
+        let allowed = role == StoreRole::Active || (role == StoreRole::Standby && bounds.standby);
+        if !allowed {
+            return None;
+        }
+        let db = open.db()?;
+        let (spec, index, changelog) = stage.stores[store].clone();
+        let selection = selection.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let snapshot = Snapshot::new(&db, spec.name)?;
+            let position = snapshot.position()?;
+            let body = snapshot.read(spec.shape, &selection)?;
+            anyhow::Ok((position, body))
+        })
+        .await;
+        let (position, mut body) = match read {
+            Ok(Ok(read)) => read,
+            Ok(Err(error)) => return Some(Answer::error(500, format!("{error:#}"))),
+            Err(error) => return Some(Answer::error(500, error.to_string())),
+        };
+        let reached = position.unwrap_or(-1);
+        // Unknown while nothing was committed or seen since the task opened
+        // (its restore brought it to the changelog's end).
+        let lag = open
+            .known_end(index)
+            .map_or(0, |end| (end - reached).max(0));
+        if bounds.min_position.is_some_and(|min| reached < min) {
+            return Some(Answer::unavailable(format!(
+                "partition {task} is at position {reached}, below min_position"
+            )));
+        }
+        if bounds.max_lag.is_some_and(|max| lag > max) {
+            return Some(Answer::unavailable(format!(
+                "partition {task} lags by {lag}, more than max_lag"
+            )));
+        }
+        body["stage"] = stage.name.as_str().into();
+        body["store"] = spec.name.into();
+        body["partition"] = task.into();
+        body["position"] = json!({"changelog": changelog, "offset": position});
+        body["lag"] = lag.into();
+        body["served_by"] = json!({
+            "instance": stage.group.instance,
+            "role": if role == StoreRole::Active { "active" } else { "standby" },
+        });
+        Some(Answer::ok(body))
+    }
+
+    /// Asks `peer` the query at `target`, marked as forwarded.
+    async fn forward(&self, peer: &Peer, target: &str) -> anyhow::Result<Answer> {
+        let mut forwarded = self
+            .client
+            .get(format!("{}{target}", peer.url))
+            .header(HOP_HEADER, "1")
+            .timeout(FORWARD_TIMEOUT);
+        if let Some(token) = &self.token {
+            forwarded = forwarded.bearer_auth(token);
+        }
+        let response = forwarded.send().await?;
+        let status = response.status().as_u16();
+        let body = serde_json::from_slice(&response.bytes().await?)?;
+        Ok(Answer { status, body })
+    }
+}
+
+/// Awaits every future of `futures`, concurrently, in order.
+async fn futures_join_all<F: std::future::Future>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut results: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut done = true;
+        for (future, result) in pending.iter_mut().zip(results.iter_mut()) {
+            if result.is_none() {
+                match future.as_mut().poll(context) {
+                    std::task::Poll::Ready(output) => *result = Some(output),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    results.into_iter().map(Option::unwrap).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_head_gives_its_path_parameters_and_headers() {
+        let (method, request) = parse_request(
+            "GET /stores/main/sessions/keys/user%201?max_lag=5&standby=allow HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\nX-Streams-Query-Hop: 1\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(method, "GET");
+        assert_eq!(
+            request.segments,
+            ["stores", "main", "sessions", "keys", "user 1"]
+        );
+        assert_eq!(request.params["max_lag"], "5");
+        assert_eq!(request.params["standby"], "allow");
+        assert_eq!(request.authorization.as_deref(), Some("Bearer t0k"));
+        assert!(request.hop);
+        assert_eq!(
+            request.target,
+            "/stores/main/sessions/keys/user%201?max_lag=5&standby=allow"
+        );
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("abc", "abcd"));
+    }
+}

@@ -1,0 +1,381 @@
+//! Interactive queries (docs/queries.md) on the real stack: two instances
+//! of a service share three partitions; each is asked by key and by range
+//! and must answer what the state is, wherever the key lives. The expected
+//! state comes from the test driver fed the same input (the same
+//! processor, no broker, no query code): what is checked here is the
+//! routing, the reading and the rendering, not the service's rules.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::driver::{driver, pipe_all, settings};
+use e2e_tests::sessions::generate;
+use e2e_tests::*;
+use serde_json::Value;
+use streams_runtime::testing::TestDriver;
+use streams_runtime::ValueState;
+
+const PARTITIONS: usize = 3;
+const BASE: i64 = 1_783_345_153_000;
+
+/// A GET with an optional bearer token: the status and the JSON body.
+fn query(port: u16, path: &str, token: Option<&str>) -> Option<(u16, Value)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .ok()?;
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {token}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    if status == 503 {
+        assert!(
+            head.contains("Retry-After: "),
+            "a 503 says when to retry: {head}"
+        );
+    }
+    Some((status, serde_json::from_str(body).ok()?))
+}
+
+/// An instance of a service with queries on.
+struct Instance {
+    service: Service,
+    port: u16,
+}
+
+fn start_instance(binary: &str, arguments: &[String], extra: &[&str]) -> Instance {
+    let port = free_port();
+    let mut arguments = arguments.to_vec();
+    arguments.extend(args(&[
+        "--query-addr",
+        &format!("127.0.0.1:{port}"),
+        "--query-advertised-url",
+        &format!("http://127.0.0.1:{port}"),
+        // A killed instance leaves the group after 6 s, not 45.
+        "--kafka",
+        "session.timeout.ms=6000",
+        "--kafka",
+        "heartbeat.interval.ms=1000",
+    ]));
+    arguments.extend(args(extra));
+    Instance {
+        service: Service::start(binary, &arguments),
+        port,
+    }
+}
+
+/// Every key of value store `state` with its value, in the driver, as
+/// serde's JSON renders the service's own type.
+fn model_values<T: serde::Serialize + serde::de::DeserializeOwned>(
+    driver: &mut TestDriver,
+    state: &ValueState<T>,
+) -> BTreeMap<String, Value> {
+    let keys = driver.state_keys(state).expect("keys");
+    keys.into_iter()
+        .map(|key| {
+            let value = driver.state(state, &key).expect("state").expect("a value");
+            (key, serde_json::to_value(value).expect("JSON"))
+        })
+        .collect()
+}
+
+/// The whole store as a range query over every partition answers it, or
+/// the status of an answer that is not complete.
+fn range(
+    port: u16,
+    store: &str,
+    token: Option<&str>,
+) -> Result<(BTreeMap<String, Value>, Value), u16> {
+    let path = format!("/stores/main/{store}/range?limit=100000");
+    let (status, body) = query(port, &path, token).ok_or(0u16)?;
+    if status != 200 {
+        return Err(status);
+    }
+    let partitions = body["partitions"].as_array().expect("partitions");
+    assert_eq!(partitions.len(), PARTITIONS, "{body}");
+    let mut values = BTreeMap::new();
+    for (index, partition) in partitions.iter().enumerate() {
+        assert_eq!(partition["partition"], index as i64, "{partition}");
+        assert_eq!(partition["more"], false, "{partition}");
+        assert!(
+            partition["position"]["offset"].is_i64() || partition["position"]["offset"].is_null(),
+            "{partition}"
+        );
+        for entry in partition["entries"].as_array().expect("entries") {
+            let key = entry["key"].as_str().expect("key").to_string();
+            assert_eq!(
+                murmur2_partition(key.as_bytes(), PARTITIONS),
+                index,
+                "key {key} answered by the wrong partition"
+            );
+            values.insert(key, entry["value"].clone());
+        }
+    }
+    Ok((values, body))
+}
+
+/// Waits until a range query on `port` gives `expected`; the last answer.
+fn wait_for_state(
+    port: u16,
+    store: &str,
+    expected: &BTreeMap<String, Value>,
+    token: Option<&str>,
+    log: impl Fn() -> String,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut last = None;
+    while Instant::now() < deadline {
+        match range(port, store, token) {
+            Ok((values, body)) if values == *expected => return body,
+            Ok((values, _)) => last = Some(values),
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let last = last.unwrap_or_default();
+    let missing: Vec<_> = expected
+        .keys()
+        .filter(|k| !last.contains_key(*k))
+        .take(5)
+        .collect();
+    let wrong: Vec<_> = (last.iter())
+        .filter(|(k, v)| expected.get(*k) != Some(v))
+        .take(5)
+        .collect();
+    panic!(
+        "store {store} never answered the model's {} keys (last: {} keys; missing {missing:?}; differing {wrong:?})\nlog:\n{}",
+        expected.len(),
+        last.len(),
+        log()
+    );
+}
+
+/// Asks instance `port` for every key of `expected` (and one absent key),
+/// and checks each answer; returns the instances that served them.
+fn check_keys(
+    port: u16,
+    store: &str,
+    expected: &BTreeMap<String, Value>,
+    token: Option<&str>,
+) -> std::collections::BTreeSet<String> {
+    let mut served_by = std::collections::BTreeSet::new();
+    for (key, value) in expected {
+        let path = format!("/stores/main/{store}/keys/{}", percent(key));
+        let (status, body) = query(port, &path, token).expect("an answer");
+        assert_eq!(status, 200, "{key}: {body}");
+        assert_eq!(body["value"], *value, "{key}: {body}");
+        assert_eq!(body["key"], key.as_str());
+        assert_eq!(
+            body["partition"],
+            murmur2_partition(key.as_bytes(), PARTITIONS) as i64
+        );
+        assert_eq!(body["served_by"]["role"], "active", "{body}");
+        assert_eq!(body["lag"], 0, "{body}");
+        served_by.insert(body["served_by"]["instance"].as_str().unwrap().to_string());
+    }
+    let (status, body) = query(
+        port,
+        &format!("/stores/main/{store}/keys/nobody-at-all"),
+        token,
+    )
+    .expect("an answer");
+    assert_eq!((status, &body["value"]), (200, &Value::Null), "{body}");
+    served_by
+}
+
+fn percent(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn sessionizer_answers_every_key_from_either_instance_and_after_a_kill_9_of_an_owner() {
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
+    let (lines, _) = generate(60, 6, BASE);
+    let mut model = driver(
+        sessionizer::pipeline(settings("sessionizer", &[])),
+        PARTITIONS,
+    );
+    pipe_all(&mut model, "user-events", &lines);
+    model.commit().expect("commit");
+    // Its session type is the service's own: read as any JSON value.
+    let expected = model_values(&mut model, &ValueState::<Value>::new("sessions"));
+    assert!(
+        expected.len() >= 10,
+        "open sessions to ask about: {}",
+        expected.len()
+    );
+
+    let arguments = run.args(&[]);
+    let first = start_instance("sessionizer", &arguments, &[]);
+    let second = start_instance("sessionizer", &arguments, &[]);
+    produce(&run.input, "user-events", &lines);
+    let logs = || format!("{}\n---\n{}", first.service.log(), second.service.log());
+
+    // The range over every partition, from each instance.
+    let body = wait_for_state(first.port, "sessions", &expected, None, logs);
+    let owners: std::collections::BTreeSet<&str> = (body["partitions"].as_array().unwrap())
+        .iter()
+        .map(|p| p["served_by"]["instance"].as_str().unwrap())
+        .collect();
+    assert_eq!(owners.len(), 2, "both instances own partitions: {body}");
+    wait_for_state(second.port, "sessions", &expected, None, logs);
+
+    // By key, from each: half the keys live on the other instance.
+    assert_eq!(check_keys(first.port, "sessions", &expected, None).len(), 2);
+    assert_eq!(
+        check_keys(second.port, "sessions", &expected, None).len(),
+        2
+    );
+
+    // The catalog, and the errors of a bad query.
+    let (status, catalog) = query(first.port, "/stores", None).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(catalog["stores"][0]["store"], "sessions", "{catalog}");
+    assert_eq!(catalog["stores"][0]["partitions"], PARTITIONS as i64);
+    assert_eq!(
+        query(first.port, "/stores/main/nothing/keys/a", None)
+            .unwrap()
+            .0,
+        404
+    );
+    let (status, _) = query(first.port, "/stores/main/sessions/range?limit=x", None).unwrap();
+    assert_eq!(status, 400);
+
+    // kill -9 of the second instance: its partitions answer 503 until the
+    // first has taken them over, then the same state; never another value.
+    let (status, body) = query(first.port, "/stores/main/sessions/range", None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let killed = second.service.state_dir.clone();
+    second.service.kill();
+    let mut unavailable = 0;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut all_answered = true;
+        for (key, value) in &expected {
+            let path = format!("/stores/main/sessions/keys/{}", percent(key));
+            let (status, body) = query(first.port, &path, None).expect("an answer");
+            match status {
+                200 => assert_eq!(body["value"], *value, "{key} after the kill: {body}"),
+                503 => {
+                    unavailable += 1;
+                    all_answered = false;
+                }
+                other => panic!("{key}: status {other}: {body}"),
+            }
+        }
+        if all_answered && unavailable > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first instance never answered for the killed one's partitions ({unavailable} 503s)\n{}",
+            first.service.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        unavailable > 0,
+        "the killed owner's keys were unavailable for a while"
+    );
+    let body = wait_for_state(first.port, "sessions", &expected, None, || {
+        first.service.log()
+    });
+    for partition in body["partitions"].as_array().unwrap() {
+        assert_eq!(
+            partition["served_by"]["instance"],
+            body["partitions"][0]["served_by"]["instance"]
+        );
+    }
+    let _ = std::fs::remove_dir_all(killed);
+}
+
+#[test]
+fn the_order_shipment_joiner_answers_both_stores_with_a_token_and_positions() {
+    let orders = unique("orders");
+    let shipments = unique("shipments");
+    create_topic(&orders, PARTITIONS);
+    create_topic(&shipments, PARTITIONS);
+    let order_lines = fixture("order-shipment-joiner/orders.jsonl");
+    let shipment_lines = fixture("order-shipment-joiner/shipments.jsonl");
+    let mut model = driver(
+        order_shipment_joiner::pipeline(settings("order-shipment-joiner", &[])),
+        PARTITIONS,
+    );
+    pipe_all(&mut model, "orders", &order_lines);
+    pipe_all(&mut model, "shipments", &shipment_lines);
+    model.advance_time(Duration::from_secs(2)).expect("time");
+    model.commit().expect("commit");
+    let expected_orders = model_values(&mut model, &order_shipment_joiner::processor::ORDERS);
+    let expected_shipments = model_values(&mut model, &order_shipment_joiner::processor::SHIPMENTS);
+    assert!(!expected_orders.is_empty() || !expected_shipments.is_empty());
+
+    let token = "s3cret-token";
+    let token_file = scratch_dir().join(unique("query-token"));
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let arguments = args(&[
+        "--orders-topic",
+        &orders,
+        "--shipments-topic",
+        &shipments,
+        "--output-topic",
+        &unique("shipped-orders"),
+        "--application-id",
+        &unique("joiner-queries"),
+        "--query-token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let first = start_instance("order-shipment-joiner", &arguments, &[]);
+    let second = start_instance("order-shipment-joiner", &arguments, &[]);
+    produce(&orders, "orders", &order_lines);
+    produce(&shipments, "shipments", &shipment_lines);
+    let logs = || format!("{}\n---\n{}", first.service.log(), second.service.log());
+
+    let body = wait_for_state(first.port, "orders", &expected_orders, Some(token), logs);
+    wait_for_state(
+        second.port,
+        "shipments",
+        &expected_shipments,
+        Some(token),
+        logs,
+    );
+    check_keys(second.port, "orders", &expected_orders, Some(token));
+    check_keys(first.port, "shipments", &expected_shipments, Some(token));
+
+    // Positions: each partition's changelog offset, and a minimum position
+    // past it is not met (503), while one at it is.
+    let partition = &body["partitions"][0];
+    assert!(partition["position"]["changelog"]
+        .as_str()
+        .unwrap()
+        .ends_with("-orders-changelog"));
+    if let Some(offset) = partition["position"]["offset"].as_i64() {
+        let at = format!("/stores/main/orders/range?partition=0&min_position={offset}");
+        assert_eq!(query(first.port, &at, Some(token)).unwrap().0, 200);
+        let past = format!(
+            "/stores/main/orders/range?partition=0&min_position={}",
+            offset + 1_000
+        );
+        assert_eq!(query(first.port, &past, Some(token)).unwrap().0, 503);
+    }
+
+    // Without the token, or with another, nothing is answered.
+    assert_eq!(query(first.port, "/stores", None).unwrap().0, 401);
+    assert_eq!(query(first.port, "/stores", Some("wrong")).unwrap().0, 401);
+    assert_eq!(query(first.port, "/stores", Some(token)).unwrap().0, 200);
+}
