@@ -262,11 +262,22 @@ impl QueryServer {
                 max_lag: number("max_lag")?,
                 standby: request.params.get("standby").is_some_and(|v| v == "allow"),
             };
+            // The key in the path, or as `?key=` (an empty key, say).
+            let param_key = || request.params.get("key").cloned();
             let (selection, partition) = match rest {
                 ["keys", key] => (Selection::Key(key.to_string()), None),
+                ["keys"] if param_key().is_some() => (Selection::Key(param_key().unwrap()), None),
                 ["keys", key, "windows"] => (
                     Selection::Windows {
                         key: key.to_string(),
+                        from: number("from")?.unwrap_or(i64::MIN),
+                        to: number("to")?.unwrap_or(i64::MAX),
+                    },
+                    None,
+                ),
+                ["windows"] if param_key().is_some() => (
+                    Selection::Windows {
+                        key: param_key().unwrap(),
                         from: number("from")?.unwrap_or(i64::MIN),
                         to: number("to")?.unwrap_or(i64::MAX),
                     },
