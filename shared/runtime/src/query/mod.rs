@@ -14,7 +14,7 @@
 //! partitioner) names. An instance that does not own it forwards the query
 //! once to the owner ([`peers`]: the group's description says who owns
 //! it, the endpoints topic where it answers); a forwarded query carries
-//! [`HOP_HEADER`] and is never forwarded again. Every answer says the
+//! [`server::HOP_HEADER`] and is never forwarded again. Every answer says the
 //! changelog offset it reflects (`position`) and how far it is behind what
 //! is known to be committed (`lag`); `min_position=`, `max_lag=` and
 //! `standby=allow` ask for more or allow less. While a task is restored or
