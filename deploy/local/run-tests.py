@@ -2,15 +2,16 @@
 """Runs every test of the workspace, test binaries side by side (`make test`).
 
 Builds all test binaries once (`cargo test --workspace --no-run`), then runs
-them in lanes against the one local stack, in two phases:
+them in LANES lanes against the one local stack:
 
-  1. `broker_restart` restarts the local broker, so it runs first, with only
-     the tests that need no broker (unit, doc and driver tests) beside it.
-  2. Then the other end-to-end tests, LANES binaries at a time, longest
-     first. The cluster tests share the secured cluster they start, so they
-     run one after another, as one job. Every other end-to-end test uses
-     topics, application ids, state directories and ports of its own
-     (`e2e_tests::unique`), so any two run side by side.
+  * `broker_restart` restarts the local broker, so it starts first, and
+    until it ends the other lanes take only tests that need no broker
+    (unit, doc and driver tests).
+  * Then the end-to-end tests, longest first, and the broker-free tests
+    left over. The cluster tests share the secured cluster they start, so
+    they run one after another, as one job. Every other end-to-end test
+    uses topics, application ids, state directories and ports of its own
+    (`e2e_tests::unique`), so any two run side by side.
 
 Each binary's output goes to <scratch>/test-logs/<name>.log and is printed
 whole, with its duration, when the binary ends. Every binary runs whatever
@@ -63,9 +64,10 @@ class Job:
     """Test binaries run one after another; most jobs hold one. Each command
     is (name, argv, working directory)."""
 
-    def __init__(self, commands):
+    def __init__(self, commands, needs_stack):
         self.commands = commands
         self.name = commands[0][0]
+        self.needs_stack = needs_stack
 
 
 def package_name(package_id):
@@ -100,29 +102,29 @@ def build(cargo, test_args):
 
 
 def plan(binaries, cargo, test_args):
-    """The jobs of each phase, in the order the lanes take them."""
-    first, rest, cluster = [], [], []
+    """Every job, in the order the lanes take them."""
+    restart, end_to_end, broker_free, cluster = [], [], [], []
     for name, argv, directory, needs_stack in sorted(binaries):
         command = (name, argv, directory)
         if name == BROKER_RESTART:
-            first.insert(0, Job([command]))
+            restart.append(Job([command], True))
         elif name in CLUSTER:
             cluster.append(command)
         elif needs_stack:
-            rest.append(Job([command]))
+            end_to_end.append(Job([command], True))
         else:
-            first.append(Job([command]))
+            broker_free.append(Job([command], False))
     doc_tests = [cargo, "test", "--workspace", "--doc", "--", *test_args]
-    first.append(Job([("doc tests", doc_tests, os.getcwd())]))
+    broker_free.append(Job([("doc tests", doc_tests, os.getcwd())], False))
     if cluster:
         cluster.sort(key=lambda command: CLUSTER.index(command[0]))
-        rest.append(Job(cluster))
+        end_to_end.append(Job(cluster, True))
 
     def rank(job):
         listed = job.name in LONGEST_FIRST
         return (LONGEST_FIRST.index(job.name) if listed else len(LONGEST_FIRST), job.name)
 
-    return [first, sorted(rest, key=rank)]
+    return restart + sorted(end_to_end, key=rank) + broker_free
 
 
 def run_command(command, cargo, logs, lane):
@@ -144,18 +146,34 @@ def run_command(command, cargo, logs, lane):
     return (name, status == 0, seconds, lane)
 
 
-def run_phase(jobs, lanes, cargo, logs, results):
+def run_all(jobs, lanes, cargo, logs, results):
     queue = list(jobs)
-    queue_lock = threading.Lock()
+    changed = threading.Condition()
+    restarting = False
+
+    def next_job():
+        """The next job a lane may start now, or None when all have started."""
+        nonlocal restarting
+        with changed:
+            while queue:
+                if queue[0].name == BROKER_RESTART:
+                    restarting = True
+                    return queue.pop(0)
+                for index, job in enumerate(queue):
+                    if not (restarting and job.needs_stack):
+                        return queue.pop(index)
+                changed.wait()
+            return None
 
     def lane_loop(lane):
-        while True:
-            with queue_lock:
-                if not queue:
-                    return
-                job = queue.pop(0)
+        nonlocal restarting
+        while (job := next_job()) is not None:
             for command in job.commands:
                 results.append(run_command(command, cargo, logs, lane))
+            if job.name == BROKER_RESTART:
+                with changed:
+                    restarting = False
+                    changed.notify_all()
 
     threads = [threading.Thread(target=lane_loop, args=(lane,), daemon=True) for lane in range(1, lanes + 1)]
     for thread in threads:
@@ -178,14 +196,12 @@ def main():
     started = time.monotonic()
     binaries = build(cargo, test_args)
     built = time.monotonic() - started
-    phases = plan(binaries, cargo, test_args)
+    jobs = plan(binaries, cargo, test_args)
     say(f"[test] {len(binaries)} test binaries built in {minutes(built)}; {lanes} lanes")
-    for number, jobs in enumerate(phases, 1):
-        say(f"[test] phase {number}: " + ", ".join(" → ".join(c[0] for c in job.commands) for job in jobs))
+    say("[test] order: " + ", ".join(" → ".join(command[0] for command in job.commands) for job in jobs))
     results = []
     try:
-        for jobs in phases:
-            run_phase(jobs, lanes, cargo, logs, results)
+        run_all(jobs, lanes, cargo, logs, results)
     except KeyboardInterrupt:
         sys.exit("\n[test] interrupted")
 
