@@ -24,10 +24,28 @@ const BASE: i64 = 1_783_345_153_000;
 
 /// A GET with an optional bearer token: the status and the JSON body.
 fn query(port: u16, path: &str, token: Option<&str>) -> Option<(u16, Value)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(15)))
         .ok()?;
+    ask(stream, path, token)
+}
+
+/// [`query`] over TLS, trusting `ca` (PEM).
+fn query_tls(port: u16, path: &str, ca: &[u8]) -> Option<(u16, Value)> {
+    let connector = native_tls::TlsConnector::builder()
+        .add_root_certificate(native_tls::Certificate::from_pem(ca).expect("CA"))
+        .build()
+        .expect("TLS connector");
+    let stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .ok()?;
+    ask(connector.connect("127.0.0.1", stream).ok()?, path, None)
+}
+
+/// Sends a GET of `path` on `stream` and reads the answer.
+fn ask(mut stream: impl Read + Write, path: &str, token: Option<&str>) -> Option<(u16, Value)> {
     let authorization = token
         .map(|token| format!("Authorization: Bearer {token}\r\n"))
         .unwrap_or_default();
@@ -378,4 +396,88 @@ fn the_order_shipment_joiner_answers_both_stores_with_a_token_and_positions() {
     assert_eq!(query(first.port, "/stores", None).unwrap().0, 401);
     assert_eq!(query(first.port, "/stores", Some("wrong")).unwrap().0, 401);
     assert_eq!(query(first.port, "/stores", Some(token)).unwrap().0, 200);
+}
+
+#[test]
+fn queries_over_tls_are_answered_and_forwarded_between_instances() {
+    let dir = scratch_dir().join(unique("query-tls"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let ca = std::fs::read(&cert).unwrap();
+
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
+    let (lines, _) = generate(20, 4, BASE);
+    let mut model = driver(
+        sessionizer::pipeline(settings("sessionizer", &[])),
+        PARTITIONS,
+    );
+    pipe_all(&mut model, "user-events", &lines);
+    model.commit().expect("commit");
+    let expected = model_values(&mut model, &ValueState::<Value>::new("sessions"));
+    assert!(!expected.is_empty());
+
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let tls = [
+        "--query-tls-cert-file",
+        cert,
+        "--query-tls-key-file",
+        key,
+        "--query-tls-ca-file",
+        cert,
+    ];
+    let arguments = run.args(&[]);
+    let first = start_tls_instance(&arguments, &tls);
+    let second = start_tls_instance(&arguments, &tls);
+    produce(&run.input, "user-events", &lines);
+
+    // Every key from the first instance, once both share the partitions:
+    // those of the second's are forwarded to it over TLS, trusting the CA
+    // file.
+    let mut served_by = std::collections::BTreeSet::new();
+    let answered = eventually(Duration::from_secs(90), || {
+        served_by.clear();
+        let all = expected.iter().all(|(key, value)| {
+            let path = format!("/stores/main/sessions/keys/{}", percent(key));
+            match query_tls(first.port, &path, &ca) {
+                Some((200, body)) if body["value"] == *value => {
+                    served_by.insert(body["served_by"]["instance"].to_string());
+                    true
+                }
+                _ => false,
+            }
+        });
+        all && served_by.len() == 2
+    });
+    assert!(
+        answered,
+        "not every key was answered over TLS by both instances ({served_by:?})\n{}\n---\n{}",
+        first.service.log(),
+        second.service.log()
+    );
+    // Plain HTTP gets no answer from a TLS listener.
+    assert!(query(first.port, "/stores", None).is_none());
+}
+
+/// An instance whose query listener speaks TLS, advertised as https.
+fn start_tls_instance(arguments: &[String], tls: &[&str]) -> Instance {
+    let port = free_port();
+    let mut extra = tls.to_vec();
+    let url = format!("https://127.0.0.1:{port}");
+    let address = format!("127.0.0.1:{port}");
+    extra.extend(["--query-addr", &address, "--query-advertised-url", &url]);
+    extra.extend(["--kafka", "session.timeout.ms=6000"]);
+    Instance {
+        service: Service::start("sessionizer", &[arguments, &args(&extra)].concat()),
+        port,
+    }
 }

@@ -420,6 +420,8 @@ fn start_queries(env: &mut ServiceEnv) -> anyhow::Result<Option<RunningQueries>>
         return Ok(None);
     };
     let token = args.token()?;
+    let tls = args.tls_acceptor()?;
+    let client = args.forwarding_client()?;
     let topic = endpoints_topic(&env.application_id);
     let common: Vec<(&str, &str)> = (env.args.internal_topics.topic_configs.iter())
         .map(|(key, value)| (key.as_str(), value.as_str()))
@@ -448,9 +450,9 @@ fn start_queries(env: &mut ServiceEnv) -> anyhow::Result<Option<RunningQueries>>
         open_stores: env.state_resources.open_stores().clone(),
         peers: peers.clone(),
         token,
-        client: reqwest::Client::new(),
+        client,
     });
-    env.runtime.block_on(serve_queries(address, server))?;
+    env.runtime.block_on(serve_queries(address, tls, server))?;
     tracing::info!(%url, "queries advertised");
     Ok(Some(RunningQueries { peers, reader }))
 }

@@ -44,7 +44,8 @@ pub struct QueryArgs {
     pub query_addr: Option<SocketAddr>,
 
     /// The URL at which the other instances reach this one's queries.
-    /// Default `http://<host name>:<port of --query-addr>`.
+    /// Default `http://<host name>:<port of --query-addr>` (`https` with
+    /// `--query-tls-cert-file`).
     #[arg(long, env = "QUERY_ADVERTISED_URL")]
     pub query_advertised_url: Option<String>,
 
@@ -53,6 +54,20 @@ pub struct QueryArgs {
     /// every instance of the application needs the same one.
     #[arg(long, env = "QUERY_TOKEN_FILE")]
     pub query_token_file: Option<PathBuf>,
+
+    /// Serve queries over TLS with this certificate chain (PEM); needs
+    /// `--query-tls-key-file`.
+    #[arg(long, env = "QUERY_TLS_CERT_FILE", requires = "query_tls_key_file")]
+    pub query_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of `--query-tls-cert-file` (PKCS#8 PEM).
+    #[arg(long, env = "QUERY_TLS_KEY_FILE", requires = "query_tls_cert_file")]
+    pub query_tls_key_file: Option<PathBuf>,
+
+    /// A CA certificate (PEM) to trust, besides the system's, when a query
+    /// is forwarded to another instance over TLS.
+    #[arg(long, env = "QUERY_TLS_CA_FILE")]
+    pub query_tls_ca_file: Option<PathBuf>,
 }
 
 impl QueryArgs {
@@ -67,7 +82,11 @@ impl QueryArgs {
                     .filter(|name| !name.is_empty())
                     .or_else(host_name)
                     .unwrap_or_else(|| address.ip().to_string());
-                format!("http://{host}:{}", address.port())
+                let scheme = match self.query_tls_cert_file {
+                    Some(_) => "https",
+                    None => "http",
+                };
+                format!("{scheme}://{host}:{}", address.port())
             }
         })
     }
@@ -87,6 +106,43 @@ impl QueryArgs {
             path.display()
         );
         Ok(Some(token))
+    }
+
+    /// The listener's TLS acceptor, with `--query-tls-cert-file`.
+    pub(crate) fn tls_acceptor(&self) -> anyhow::Result<Option<tokio_native_tls::TlsAcceptor>> {
+        let (Some(cert), Some(key)) = (&self.query_tls_cert_file, &self.query_tls_key_file) else {
+            return Ok(None);
+        };
+        let read = |path: &PathBuf, flag: &str| {
+            std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {flag} {}: {e}", path.display()))
+        };
+        let identity = native_tls::Identity::from_pkcs8(
+            &read(cert, "--query-tls-cert-file")?,
+            &read(key, "--query-tls-key-file")?,
+        )
+        .map_err(|e| {
+            anyhow::anyhow!("--query-tls-cert-file and --query-tls-key-file (PKCS#8 PEM): {e}")
+        })?;
+        let acceptor = native_tls::TlsAcceptor::new(identity)
+            .map_err(|e| anyhow::anyhow!("cannot set up TLS for queries: {e}"))?;
+        Ok(Some(acceptor.into()))
+    }
+
+    /// The client that forwards queries to other instances.
+    pub(crate) fn forwarding_client(&self) -> anyhow::Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder();
+        if let Some(path) = &self.query_tls_ca_file {
+            let pem = std::fs::read(path).map_err(|e| {
+                anyhow::anyhow!("cannot read --query-tls-ca-file {}: {e}", path.display())
+            })?;
+            let certificate = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| anyhow::anyhow!("--query-tls-ca-file {}: {e}", path.display()))?;
+            builder = builder.add_root_certificate(certificate);
+        }
+        builder
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot build the query forwarding client: {e}"))
     }
 }
 

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_native_tls::TlsAcceptor;
 
 use super::peers::{Peer, Peers};
 use super::read::{Selection, Snapshot};
@@ -25,6 +26,8 @@ const RETRY_AFTER_SECONDS: u32 = 1;
 /// Entries per task a range query returns unless it says `limit=`.
 const DEFAULT_LIMIT: usize = 1_000;
 const MAX_LIMIT: usize = 100_000;
+/// How long a client may take to send its request head (TLS handshake apart).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a forwarded query may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -113,20 +116,35 @@ fn parse_request(head: &str) -> Option<(String, Request)> {
 }
 
 /// Binds the query listener (a taken port is a clear startup error) and
-/// serves it on the current tokio runtime.
+/// serves it on the current tokio runtime, over TLS with `tls`.
 pub(crate) async fn serve(
     address: SocketAddr,
+    tls: Option<TlsAcceptor>,
     server: Arc<QueryServer>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(address).await.map_err(|e| {
         anyhow::anyhow!("cannot listen on {address} for queries (--query-addr): {e}")
     })?;
-    tracing::info!(%address, "serving interactive queries");
+    tracing::info!(%address, tls = tls.is_some(), "serving interactive queries");
+    let tls = tls.map(Arc::new);
     Ok(tokio::spawn(async move {
         loop {
             match listener.accept().await {
                 Ok((socket, _)) => {
-                    tokio::spawn(answer_connection(socket, server.clone()));
+                    let (server, tls) = (server.clone(), tls.clone());
+                    tokio::spawn(async move {
+                        match tls {
+                            None => answer_connection(socket, server).await,
+                            Some(tls) => {
+                                let handshake = tls.accept(socket);
+                                if let Ok(Ok(socket)) =
+                                    tokio::time::timeout(HEAD_TIMEOUT, handshake).await
+                                {
+                                    answer_connection(socket, server).await;
+                                }
+                            }
+                        }
+                    });
                 }
                 Err(error) => {
                     tracing::warn!(%error, "cannot accept a query connection");
@@ -137,10 +155,13 @@ pub(crate) async fn serve(
     }))
 }
 
-async fn answer_connection(mut socket: TcpStream, server: Arc<QueryServer>) {
+async fn answer_connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut socket: S,
+    server: Arc<QueryServer>,
+) {
     let mut buffer = [0u8; 8192];
     let Ok(Ok(read)) =
-        tokio::time::timeout(Duration::from_secs(5), read_head(&mut socket, &mut buffer)).await
+        tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut socket, &mut buffer)).await
     else {
         return;
     };
