@@ -404,15 +404,26 @@ fn queries_over_tls_are_answered_and_forwarded_between_instances() {
     std::fs::create_dir_all(&dir).unwrap();
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let made = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"])
-        .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"])
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
         .arg("-keyout")
         .arg(&key)
         .arg("-out")
         .arg(&cert)
         .output()
         .expect("openssl");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     let ca = std::fs::read(&cert).unwrap();
 
     let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
