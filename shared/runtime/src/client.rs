@@ -21,6 +21,7 @@
 //! the log writer ([`RedactingStderr`]) and the services' error output apply
 //! it.
 
+pub(crate) mod brokers;
 pub(crate) mod kafka;
 mod registry;
 

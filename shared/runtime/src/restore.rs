@@ -15,6 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::client::brokers::rebootstrap_if_cut_off;
 use crate::client::kafka::changelog_reader_config;
 use crate::metrics::StageActivity;
 use crate::native_admin;
@@ -154,6 +155,9 @@ impl Restorer {
         reach: Option<&ChangelogReach>,
         shutdown: &AtomicBool,
     ) -> anyhow::Result<u64> {
+        // Idle between restores, the consumer may have lost its brokers
+        // to a broker restart meanwhile.
+        rebootstrap_if_cut_off(self.consumer.client());
         let recreated =
             self.changelog_ids
                 .check(self.consumer.client(), store, changelogs, partition)?;

@@ -27,6 +27,7 @@ use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, TopicPartitionList};
 
+use crate::client::brokers::BrokerWatch;
 use crate::metrics::{self, Phase, PhaseTimes, Snapshot};
 use offsets_sender::{OffsetsSender, Sent};
 use open_times::OpenTimes;
@@ -84,6 +85,8 @@ pub struct Delivery {
     transaction_timeout: Duration,
     /// How long the last transactions stayed open.
     open_times: OpenTimes,
+    /// Whether the producer has dropped every broker.
+    brokers: BrokerWatch,
 }
 
 /// The producer of [`Delivery`] (transactional or not).
@@ -170,6 +173,7 @@ impl Delivery {
             transaction_began: None,
             transaction_timeout,
             open_times: OpenTimes::default(),
+            brokers: BrokerWatch::default(),
         })
     }
 
@@ -261,8 +265,9 @@ impl Delivery {
     }
 
     /// Serves pending delivery reports without blocking.
-    pub fn poll(&self) {
+    pub fn poll(&mut self) {
         self.producer.poll(Duration::ZERO);
+        self.brokers.check(self.producer.client());
     }
 
     /// Closes the current generation for a commit: records sent from now on
@@ -305,6 +310,7 @@ impl Delivery {
                 )));
             }
             self.producer.poll(Duration::from_millis(1));
+            self.brokers.check(self.producer.client());
         }
         if let Some(error) = self.producer.context().failure.lock().unwrap().take() {
             return Err(CommitError::Aborted(format!(

@@ -171,7 +171,7 @@ impl<P: Processor> KafkaStage<P> {
 
     /// The group's committed offsets, waiting while the broker is unreachable.
     pub(super) fn committed_offsets(
-        &self,
+        &mut self,
         consumer: &GroupConsumer<P>,
     ) -> anyhow::Result<TopicPartitionList> {
         loop {
@@ -179,6 +179,8 @@ impl<P: Processor> KafkaStage<P> {
                 Ok(offsets) => return Ok(offsets),
                 Err(error) if !self.engine.shutdown_requested() => {
                     tracing::warn!(%error, "cannot read committed offsets yet; retrying");
+                    // The run loop, which checks otherwise, waits for this.
+                    self.brokers.check(consumer.client());
                     std::thread::sleep(Duration::from_secs(1));
                 }
                 Err(error) => anyhow::bail!("reading committed offsets: {error}"),

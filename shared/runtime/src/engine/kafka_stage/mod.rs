@@ -43,6 +43,7 @@ use rdkafka::TopicPartitionList;
 pub(crate) use rebalance::{GroupConsumer, StageContext};
 pub(crate) use run_loop::run_stage;
 
+use crate::client::brokers::BrokerWatch;
 use crate::collector::{ChangelogPartition, Collector, Headers, RecordView};
 use crate::config::ProcessingGuarantee;
 use crate::delivery::{Delivery, Outgoing, UNTRACKED};
@@ -72,6 +73,8 @@ pub(crate) struct KafkaStage<P: Processor> {
     activity: Arc<StageActivity>,
     /// The lag of each assigned input partition.
     input_lag: InputLag,
+    /// Whether the consumer has dropped every broker.
+    brokers: BrokerWatch,
     /// Assignments received (see [`metrics::REBALANCES`]).
     rebalances: u64,
     /// Where the processing thread's time goes.
@@ -164,6 +167,7 @@ impl<P: Processor> KafkaStage<P> {
             activity: metrics.activity(),
             metrics,
             input_lag: InputLag::default(),
+            brokers: BrokerWatch::default(),
             rebalances: 0,
             phases: PhaseTimes::default(),
             owned: HashSet::new(),

@@ -272,6 +272,7 @@ fn process_until_shutdown<P: Processor>(
         // Progress (see `StageActivity`): records processed, not merely
         // consumed into a task that holds them.
         stage.input_lag.refresh(consumer);
+        stage.brokers.check(consumer.client());
         let processed = stage.engine.handled_records();
         let input_waits = stage.input_lag.waits() || stage.engine.consumed_records() > processed;
         if processed != processed_before || consumer_failed || !input_waits {
