@@ -5,13 +5,14 @@ Builds all test binaries once (`cargo test --workspace --no-run`), then runs
 them in LANES lanes against the one local stack:
 
   * `broker_restart` restarts the local broker, so it starts first, and
-    until it ends the other lanes take only tests that need no broker
-    (unit, doc and driver tests).
+    until it ends the other lanes take only tests that do not use that
+    broker: the cluster tests (on the secured cluster they start, as one
+    job, one binary after another, since they share it), then the unit,
+    doc and driver tests.
   * Then the end-to-end tests, longest first, and the broker-free tests
-    left over. The cluster tests share the secured cluster they start, so
-    they run one after another, as one job. Every other end-to-end test
-    uses topics, application ids, state directories and ports of its own
-    (`e2e_tests::unique`), so any two run side by side.
+    left over. Every end-to-end test uses topics, application ids, state
+    directories and ports of its own (`e2e_tests::unique`), so any two run
+    side by side.
 
 Each binary's output goes to <scratch>/test-logs/<name>.log and is printed
 whole, with its duration, when the binary ends. Every binary runs whatever
@@ -35,17 +36,22 @@ from pathlib import Path
 E2E_PACKAGE = "e2e-tests"
 BROKER_RESTART = "broker_restart"
 CLUSTER = ["cluster", "cluster_acls", "cluster_logins"]
-# The end-to-end jobs that take longest (the table each run prints ends
-# with the durations), started first so that the lanes end together; the
-# rest follow by name.
+# The jobs that take longest (the table each run prints ends with the
+# durations), each kind started longest first so that the lanes end
+# together; the rest follow by name.
 LONGEST_FIRST = [
     "cluster",
-    "fault_tolerance",
-    "order_shipment_joiner",
     "embed_forward_progress",
+    "order_shipment_joiner",
+    "fault_tolerance",
+    "window_aggregator",
+    "embed_batcher",
+    "sensor_fusion",
     "signals",
-    "standby",
-    "rebalancing",
+    "embed_jobs",
+    "driver_order_shipment_joiner",
+    "driver_window_aggregator",
+    "embed-batcher (test model)",
 ]
 
 print_lock = threading.Lock()
@@ -64,10 +70,10 @@ class Job:
     """Test binaries run one after another; most jobs hold one. Each command
     is (name, argv, working directory)."""
 
-    def __init__(self, commands, needs_stack):
+    def __init__(self, commands, uses_local_broker):
         self.commands = commands
         self.name = commands[0][0]
-        self.needs_stack = needs_stack
+        self.uses_local_broker = uses_local_broker
 
 
 def package_name(package_id):
@@ -118,13 +124,13 @@ def plan(binaries, cargo, test_args):
     broker_free.append(Job([("doc tests", doc_tests, os.getcwd())], False))
     if cluster:
         cluster.sort(key=lambda command: CLUSTER.index(command[0]))
-        end_to_end.append(Job(cluster, True))
+        end_to_end.append(Job(cluster, False))
 
     def rank(job):
         listed = job.name in LONGEST_FIRST
         return (LONGEST_FIRST.index(job.name) if listed else len(LONGEST_FIRST), job.name)
 
-    return restart + sorted(end_to_end, key=rank) + broker_free
+    return restart + sorted(end_to_end, key=rank) + sorted(broker_free, key=rank)
 
 
 def run_command(command, cargo, logs, lane):
@@ -160,7 +166,7 @@ def run_all(jobs, lanes, cargo, logs, results):
                     restarting = True
                     return queue.pop(0)
                 for index, job in enumerate(queue):
-                    if not (restarting and job.needs_stack):
+                    if not (restarting and job.uses_local_broker):
                         return queue.pop(index)
                 changed.wait()
             return None
