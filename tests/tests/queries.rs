@@ -137,7 +137,7 @@ fn range(
                 index,
                 "key {key} answered by the wrong partition"
             );
-            values.insert(key, entry["value"].clone());
+            values.insert(key, without_wall_clock(entry["value"].clone()));
         }
     }
     Ok((values, body))
@@ -491,4 +491,318 @@ fn start_tls_instance(arguments: &[String], tls: &[&str]) -> Instance {
         service: Service::start("sessionizer", &[arguments, &args(&extra)].concat()),
         port,
     }
+}
+
+/// Fields holding wall-clock times (embed-batcher's), which differ between
+/// the driver's manual clock and a running service's.
+const WALL_CLOCK_FIELDS: [&str; 2] = ["written_at", "expiry_check"];
+
+/// `value` without [`WALL_CLOCK_FIELDS`], at any depth.
+fn without_wall_clock(mut value: Value) -> Value {
+    match &mut value {
+        Value::Object(fields) => {
+            for name in WALL_CLOCK_FIELDS {
+                fields.remove(name);
+            }
+            for field in fields.values_mut() {
+                *field = without_wall_clock(field.take());
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                *item = without_wall_clock(item.take());
+            }
+        }
+        _ => {}
+    }
+    value
+}
+
+/// The entries of map store `store` in the driver, by key: what a key
+/// query's `entries` holds, `{"key", "value"}` each, in entry order.
+fn model_maps(
+    driver: &mut TestDriver,
+    store: &str,
+    entry_key: impl Fn(&[u8]) -> Value,
+) -> BTreeMap<String, Value> {
+    let mut maps: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for (stored, value) in driver
+        .stage_entries::<Value>("main", store)
+        .expect("entries")
+    {
+        let length = u32::from_be_bytes(stored[..4].try_into().unwrap()) as usize;
+        let key = String::from_utf8(stored[4..4 + length].to_vec()).unwrap();
+        let entry = &stored[4 + length..];
+        maps.entry(key)
+            .or_default()
+            .push(serde_json::json!({"key": entry_key(entry), "value": value}));
+    }
+    maps.into_iter()
+        .map(|(key, entries)| {
+            let mut entries = entries;
+            entries.sort_by_key(|entry| entry["key"].to_string());
+            (key, Value::Array(entries))
+        })
+        .collect()
+}
+
+/// Waits until instance `port` answers every key of `expected` (map
+/// stores: their `entries`) as the model says.
+fn wait_for_keys(
+    port: u16,
+    store: &str,
+    expected: &BTreeMap<String, Value>,
+    log: impl Fn() -> String,
+) {
+    let answer = |key: &str| -> Option<Value> {
+        let path = format!("/stores/main/{store}/keys/{}", percent(key));
+        let (status, body) = query(port, &path, None)?;
+        (status == 200).then(|| {
+            let mut entries = body["entries"].as_array().cloned().unwrap_or_default();
+            entries.sort_by_key(|entry| entry["key"].to_string());
+            without_wall_clock(Value::Array(entries))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut wrong = Vec::new();
+    while Instant::now() < deadline {
+        wrong = (expected.iter())
+            .filter(|(key, value)| answer(key).as_ref() != Some(*value))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if wrong.is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let first = &wrong[0];
+    panic!(
+        "store {store}: keys {wrong:?} never answered as the model says; {first}: {:?}, expected {}\n{}",
+        answer(first),
+        expected[first],
+        log()
+    );
+}
+
+#[test]
+fn sensor_fusion_answers_a_machines_windows_in_a_time_range() {
+    let (temperature, humidity) = (unique("temperature-readings"), unique("humidity-readings"));
+    create_topic(&temperature, PARTITIONS);
+    create_topic(&humidity, PARTITIONS);
+    let start = 1_785_574_800_000_i64;
+    let machines: Vec<String> = (0..12).map(|m| format!("machine-{m}")).collect();
+    let mut temperatures = Vec::new();
+    let mut humidities = Vec::new();
+    for step in 0..8_i64 {
+        for (index, machine) in machines.iter().enumerate() {
+            let time = start + step * 40_000 + index as i64 * 100;
+            temperatures.push(serde_json::json!({"key": machine, "value":
+                {"machine_id": machine, "temperature": 60.0 + (step * 3 + index as i64) as f64, "event_time": time}}));
+            humidities.push(serde_json::json!({"key": machine, "value":
+                {"sensor_id": machine, "humidity": 50.0 + (step * 5) as f64, "event_time": time + 10}}));
+        }
+    }
+    let mut model = driver(
+        sensor_fusion::pipeline(settings("sensor-fusion", &[])),
+        PARTITIONS,
+    );
+    pipe_all(&mut model, "temperature-readings", &temperatures);
+    pipe_all(&mut model, "humidity-readings", &humidities);
+    model.advance_time(Duration::from_secs(2)).expect("time");
+    model.commit().expect("commit");
+    let start_of = |entry: &[u8]| -> Value {
+        (i64::from_be_bytes(entry.try_into().unwrap()) ^ i64::MIN).into()
+    };
+    let expected = model_maps(&mut model, "window-readings", start_of);
+    assert!(
+        expected.len() >= 6,
+        "machines with open windows: {}",
+        expected.len()
+    );
+
+    let arguments = args(&[
+        "--temperature-topic",
+        &temperature,
+        "--humidity-topic",
+        &humidity,
+        "--output-topic",
+        &unique("machine-maintenance"),
+        "--application-id",
+        &unique("sensor-fusion-queries"),
+    ]);
+    let first = start_instance("sensor-fusion", &arguments, &[]);
+    let second = start_instance("sensor-fusion", &arguments, &[]);
+    produce(&temperature, "temperature-readings", &temperatures);
+    produce(&humidity, "humidity-readings", &humidities);
+    let logs = || format!("{}\n---\n{}", first.service.log(), second.service.log());
+    wait_for_keys(second.port, "window-readings", &expected, logs);
+
+    // A time range selects windows by their start, both ends included.
+    let (machine, windows) = expected.iter().next().unwrap();
+    let windows = windows.as_array().unwrap();
+    let first_start = windows[0]["key"].as_i64().unwrap();
+    let path = format!(
+        "/stores/main/window-readings/keys/{machine}/windows?from={first_start}&to={first_start}"
+    );
+    let (status, body) = query(first.port, &path, None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["entries"],
+        Value::Array(vec![windows[0].clone()]),
+        "{body}"
+    );
+    let path = format!(
+        "/stores/main/window-readings/keys/{machine}/windows?to={}",
+        first_start - 1
+    );
+    assert_eq!(
+        query(first.port, &path, None).unwrap().1["entries"],
+        serde_json::json!([])
+    );
+    let (_, catalog) = query(first.port, "/stores", None).unwrap();
+    assert_eq!(catalog["stores"][0]["kind"], "map");
+    assert_eq!(catalog["stores"][0]["windowed"], true);
+}
+
+#[test]
+fn window_aggregator_answers_the_final_stages_open_windows_by_group() {
+    use e2e_tests::windows::generate as generate_orders;
+    let run = SingleInputRun::new(
+        "window-aggregator",
+        "orders-marketplace",
+        "order-window-counts",
+        PARTITIONS,
+    );
+    let orders = generate_orders(300, 9, BASE, 5_000);
+    let lines: Vec<Value> = orders.iter().map(|order| order.line()).collect();
+    let flags = [
+        "--window-size",
+        "60s",
+        "--window-advance",
+        "20s",
+        "--group-by",
+        "customer_id",
+    ];
+    let mut model = driver(
+        window_aggregator::pipeline(settings("window-aggregator", &flags)),
+        PARTITIONS,
+    );
+    pipe_all(&mut model, "orders-marketplace", &lines);
+    for _ in 0..3 {
+        model.advance_time(Duration::from_secs(2)).expect("time");
+        model.commit().expect("commit");
+    }
+    let expected: BTreeMap<String, Value> = model
+        .stage_entries::<BTreeMap<i64, Value>>("final", "open-windows")
+        .expect("final state")
+        .into_iter()
+        .map(|(key, windows)| {
+            let entries = (windows.into_iter())
+                .map(|(start, value)| serde_json::json!({"key": start, "value": value}))
+                .collect();
+            (String::from_utf8(key).unwrap(), Value::Array(entries))
+        })
+        .collect();
+    assert!(!expected.is_empty(), "open final windows to ask about");
+
+    let arguments = run.args(&flags);
+    let first = start_instance("window-aggregator", &arguments, &[]);
+    let second = start_instance("window-aggregator", &arguments, &[]);
+    produce(&run.input, "orders-marketplace", &lines);
+    let answer = |port: u16, key: &str| -> Option<Value> {
+        let path = format!("/stores/final/open-windows/windows?key={}", percent(key));
+        let (status, body) = query(port, &path, None)?;
+        (status == 200).then(|| body["entries"].clone())
+    };
+    let answered = eventually(Duration::from_secs(90), || {
+        (expected.iter()).all(|(key, windows)| {
+            [first.port, second.port]
+                .iter()
+                .all(|port| answer(*port, key).as_ref() == Some(windows))
+        })
+    });
+    assert!(
+        answered,
+        "the final stage's windows never matched the model {expected:?}\n{}\n---\n{}",
+        first.service.log(),
+        second.service.log()
+    );
+    // Stores are named per stage: the first stage has its own open windows
+    // (answered once its group is not rebalancing).
+    let main_stage = |port| query(port, "/stores/main/open-windows/range?limit=1", None);
+    assert!(
+        eventually(Duration::from_secs(60), || main_stage(first.port)
+            .is_some_and(|(status, _)| status == 200)),
+        "{:?}",
+        main_stage(first.port)
+    );
+    assert_eq!(
+        query(first.port, "/stores/other/open-windows/range", None)
+            .unwrap()
+            .0,
+        404
+    );
+}
+
+#[test]
+fn embed_batcher_answers_each_tenants_pending_edits_and_progress() {
+    use e2e_tests::batches::generate as generate_edits;
+    let run = SingleInputRun::new(
+        "embed-batcher",
+        "articles",
+        "article-embeddings",
+        PARTITIONS,
+    );
+    // Without the generator's closing far-future edits, which would make
+    // every batch due.
+    let edits = generate_edits(12, PARTITIONS, BASE, 1_000);
+    let lines: Vec<Value> = (edits.iter())
+        .filter(|edit| !edit.tenant.starts_with("flush-"))
+        .map(|edit| edit.line())
+        .collect();
+    // Batches that never fill nor wait out: every edit stays pending.
+    let flags = [
+        "--embedder",
+        "hashing",
+        "--batch-size",
+        "100000",
+        "--max-wait",
+        "1h",
+    ];
+    let mut model = driver(
+        embed_batcher::pipeline(settings("embed-batcher", &flags)),
+        PARTITIONS,
+    );
+    pipe_all(&mut model, "articles", &lines);
+    model.commit().expect("commit");
+    let document = |entry: &[u8]| -> Value { String::from_utf8(entry.to_vec()).unwrap().into() };
+    let expected: BTreeMap<String, Value> = (model_maps(&mut model, "pending", document)
+        .into_iter())
+    .map(|(tenant, edits)| (tenant, without_wall_clock(edits)))
+    .collect();
+    assert!(
+        expected.len() >= 6,
+        "tenants with pending edits: {}",
+        expected.len()
+    );
+
+    let arguments = run.args(&flags);
+    let first = start_instance("embed-batcher", &arguments, &[]);
+    let second = start_instance("embed-batcher", &arguments, &[]);
+    produce(&run.input, "articles", &lines);
+    let logs = || format!("{}\n---\n{}", first.service.log(), second.service.log());
+    wait_for_keys(first.port, "pending", &expected, logs);
+    wait_for_keys(second.port, "pending", &expected, logs);
+    let progress = (model_values(&mut model, &ValueState::<Value>::new("progress")).into_iter())
+        .map(|(tenant, progress)| (tenant, without_wall_clock(progress)))
+        .collect();
+    wait_for_state(first.port, "progress", &progress, None, logs);
+    // The wall-clock times left out above are this run's.
+    let (_, body) = query(second.port, "/stores/main/pending/keys/tenant-1", None).unwrap();
+    let written_at = body["entries"][0]["value"]["written_at"].as_i64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!((now - 600_000..=now).contains(&written_at), "{body}");
 }

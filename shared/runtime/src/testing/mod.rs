@@ -413,6 +413,24 @@ impl TestDriver {
         Ok(keys)
     }
 
+    /// Every entry of store `store` of stage `stage` (as `describe` names
+    /// it: `main` for the first), committed or not, as its key's bytes and
+    /// its value decoded as `T`.
+    pub fn stage_entries<T: DeserializeOwned>(
+        &mut self,
+        stage: &str,
+        store: &str,
+    ) -> anyhow::Result<Vec<(Vec<u8>, T)>> {
+        let stage = (self.stages.iter_mut())
+            .find(|s| s.name().unwrap_or("main") == stage)
+            .ok_or_else(|| anyhow::anyhow!("no stage {stage}"))?;
+        stage
+            .scan(store, &[])?
+            .into_iter()
+            .map(|(key, value)| Ok((key, decode_value(&value)?)))
+            .collect()
+    }
+
     /// Every entry of `key`'s map in `map`, in entry order.
     pub fn map_entries<K: MapKey, V: DeserializeOwned>(
         &mut self,
