@@ -806,3 +806,50 @@ fn embed_batcher_answers_each_tenants_pending_edits_and_progress() {
         .as_millis() as i64;
     assert!((now - 600_000..=now).contains(&written_at), "{body}");
 }
+
+#[test]
+fn a_standby_answers_when_allowed_with_its_lag() {
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
+    let (lines, _) = generate(30, 4, BASE);
+    let mut model = driver(
+        sessionizer::pipeline(settings("sessionizer", &[])),
+        PARTITIONS,
+    );
+    pipe_all(&mut model, "user-events", &lines);
+    model.commit().expect("commit");
+    let expected = model_values(&mut model, &ValueState::<Value>::new("sessions"));
+
+    let arguments = run.args(&["--standby-replicas", "1"]);
+    let first = start_instance("sessionizer", &arguments, &[]);
+    let second = start_instance("sessionizer", &arguments, &[]);
+    produce(&run.input, "user-events", &lines);
+    let logs = || format!("{}\n---\n{}", first.service.log(), second.service.log());
+    wait_for_state(first.port, "sessions", &expected, None, logs);
+
+    // Every key from the first instance with standby=allow: the keys of the
+    // second's partitions come from the first's own standby copies once
+    // they are kept, with their lag, and equal the owner's state.
+    let mut roles = std::collections::BTreeSet::new();
+    let answered = eventually(Duration::from_secs(60), || {
+        roles.clear();
+        expected.iter().all(|(key, value)| {
+            let path = format!("/stores/main/sessions/keys/{}?standby=allow", percent(key));
+            match query(first.port, &path, None) {
+                Some((200, body)) if body["value"] == *value => {
+                    assert!(body["lag"].as_i64().unwrap() >= 0, "{body}");
+                    roles.insert(body["served_by"]["role"].as_str().unwrap().to_string());
+                    true
+                }
+                _ => false,
+            }
+        }) && roles.contains("standby")
+    });
+    assert!(answered, "no standby answered ({roles:?})\n{}", logs());
+    assert!(roles.contains("active"), "{roles:?}");
+    // Without standby=allow the owner answers.
+    let (key, value) = expected.iter().next().unwrap();
+    let path = format!("/stores/main/sessions/keys/{}", percent(key));
+    let (status, body) = query(first.port, &path, None).unwrap();
+    assert_eq!((status, &body["value"]), (200, value), "{body}");
+    assert_eq!(body["served_by"]["role"], "active", "{body}");
+}
