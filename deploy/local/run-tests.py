@@ -5,14 +5,15 @@ Builds all test binaries once (`cargo test --workspace --no-run`), then runs
 them in LANES lanes against the one local stack:
 
   * `broker_restart` restarts the local broker, so it starts first, and
-    until it ends the other lanes take only tests that do not use that
-    broker: the cluster tests (on the secured cluster they start, as one
-    job, one binary after another, since they share it), then the unit,
-    doc and driver tests.
+    until it ends the other lanes take only tests that need no broker
+    (unit, doc and driver tests). Not the cluster tests either: their
+    cluster's start beside the restart slowed the broker's stop past what
+    stack.sh waits for.
   * Then the end-to-end tests, longest first, and the broker-free tests
-    left over. Every end-to-end test uses topics, application ids, state
-    directories and ports of its own (`e2e_tests::unique`), so any two run
-    side by side.
+    left over. The cluster tests share the secured cluster they start, so
+    they run one after another, as one job. Every other end-to-end test
+    uses topics, application ids, state directories and ports of its own
+    (`e2e_tests::unique`), so any two run side by side.
 
 Each binary's output goes to <scratch>/test-logs/<name>.log and is printed
 whole, with its duration, when the binary ends. Every binary runs whatever
@@ -70,10 +71,10 @@ class Job:
     """Test binaries run one after another; most jobs hold one. Each command
     is (name, argv, working directory)."""
 
-    def __init__(self, commands, uses_local_broker):
+    def __init__(self, commands, needs_broker):
         self.commands = commands
         self.name = commands[0][0]
-        self.uses_local_broker = uses_local_broker
+        self.needs_broker = needs_broker
 
 
 def package_name(package_id):
@@ -124,7 +125,7 @@ def plan(binaries, cargo, test_args):
     broker_free.append(Job([("doc tests", doc_tests, os.getcwd())], False))
     if cluster:
         cluster.sort(key=lambda command: CLUSTER.index(command[0]))
-        end_to_end.append(Job(cluster, False))
+        end_to_end.append(Job(cluster, True))
 
     def rank(job):
         listed = job.name in LONGEST_FIRST
@@ -166,7 +167,7 @@ def run_all(jobs, lanes, cargo, logs, results):
                     restarting = True
                     return queue.pop(0)
                 for index, job in enumerate(queue):
-                    if not (restarting and job.uses_local_broker):
+                    if not (restarting and job.needs_broker):
                         return queue.pop(index)
                 changed.wait()
             return None
