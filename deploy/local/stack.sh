@@ -172,6 +172,8 @@ stop_pid() {
     if [ "$waited" -ge $((STACK_STOP_TIMEOUT * 10)) ]; then
       log "$name did not exit after ${STACK_STOP_TIMEOUT}s, sending SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
+      # Gone, its ports free, before a start (restart-kafka) checks them.
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
       break
     fi
     sleep 0.1; waited=$((waited + 1))
