@@ -221,10 +221,15 @@ fn percent(key: &str) -> String {
         .collect()
 }
 
-#[test]
-fn sessionizer_answers_every_key_from_either_instance_and_after_a_kill_9_of_an_owner() {
+/// A sessionizer run on new topics of [`PARTITIONS`] partitions: generated
+/// events of `users` users (not produced yet), and the open sessions the
+/// driver holds after them.
+fn sessionizer_run(
+    users: usize,
+    max_events: usize,
+) -> (SingleInputRun, Vec<Value>, BTreeMap<String, Value>) {
     let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
-    let (lines, _) = generate(60, 6, BASE);
+    let (lines, _) = generate(users, max_events, BASE);
     let mut model = driver(
         sessionizer::pipeline(settings("sessionizer", &[])),
         PARTITIONS,
@@ -233,6 +238,12 @@ fn sessionizer_answers_every_key_from_either_instance_and_after_a_kill_9_of_an_o
     model.commit().expect("commit");
     // Its session type is the service's own: read as any JSON value.
     let expected = model_values(&mut model, &ValueState::<Value>::new("sessions"));
+    (run, lines, expected)
+}
+
+#[test]
+fn sessionizer_answers_every_key_from_either_instance_and_after_a_kill_9_of_an_owner() {
+    let (run, lines, expected) = sessionizer_run(60, 6);
     assert!(
         expected.len() >= 10,
         "open sessions to ask about: {}",
@@ -426,15 +437,7 @@ fn queries_over_tls_are_answered_and_forwarded_between_instances() {
     );
     let ca = std::fs::read(&cert).unwrap();
 
-    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
-    let (lines, _) = generate(20, 4, BASE);
-    let mut model = driver(
-        sessionizer::pipeline(settings("sessionizer", &[])),
-        PARTITIONS,
-    );
-    pipe_all(&mut model, "user-events", &lines);
-    model.commit().expect("commit");
-    let expected = model_values(&mut model, &ValueState::<Value>::new("sessions"));
+    let (run, lines, expected) = sessionizer_run(20, 4);
     assert!(!expected.is_empty());
 
     let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
@@ -809,15 +812,7 @@ fn embed_batcher_answers_each_tenants_pending_edits_and_progress() {
 
 #[test]
 fn a_standby_answers_when_allowed_with_its_lag() {
-    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
-    let (lines, _) = generate(30, 4, BASE);
-    let mut model = driver(
-        sessionizer::pipeline(settings("sessionizer", &[])),
-        PARTITIONS,
-    );
-    pipe_all(&mut model, "user-events", &lines);
-    model.commit().expect("commit");
-    let expected = model_values(&mut model, &ValueState::<Value>::new("sessions"));
+    let (run, lines, expected) = sessionizer_run(30, 4);
 
     let arguments = run.args(&["--standby-replicas", "1"]);
     let first = start_instance("sessionizer", &arguments, &[]);

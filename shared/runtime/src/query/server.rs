@@ -204,6 +204,17 @@ fn same_secret(a: &str, b: &str) -> bool {
             == 0
 }
 
+/// One query, parsed.
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    request: &'a Request,
+    stage: &'a QueryableStage,
+    /// The store's index among the stage's queryable stores.
+    store: usize,
+    selection: &'a Selection,
+    bounds: &'a Bounds,
+}
+
 /// A query's options on consistency.
 struct Bounds {
     min_position: Option<i64>,
@@ -326,90 +337,74 @@ impl QueryServer {
             Ok(parsed) => parsed,
             Err(answer) => return answer,
         };
-        match (&selection, partition) {
+        let ask = Ask {
+            request,
+            stage,
+            store,
+            selection: &selection,
+            bounds: &bounds,
+        };
+        let task = match (&selection, partition) {
             (Selection::Key(key) | Selection::Windows { key, .. }, _) => {
-                let task = murmur2_partition(key.as_bytes(), stage.group.tasks);
-                let mut answer = self
-                    .task_answer(
-                        request,
-                        &request.target,
-                        stage,
-                        store,
-                        task,
-                        &selection,
-                        &bounds,
-                    )
-                    .await;
-                if answer.status == 200 {
-                    answer.body["key"] = key.as_str().into();
+                murmur2_partition(key.as_bytes(), stage.group.tasks)
+            }
+            (Selection::Range { .. }, Some(task)) => task,
+            (Selection::Range { .. }, None) => return self.every_task_answer(&ask).await,
+        };
+        let mut answer = self.task_answer(&ask, &request.target, task).await;
+        if let (200, Selection::Key(key) | Selection::Windows { key, .. }) =
+            (answer.status, &selection)
+        {
+            answer.body["key"] = key.as_str().into();
+        }
+        answer
+    }
+
+    /// A range query's answers from every task, gathered; a 503 if any
+    /// task could not answer.
+    async fn every_task_answer(self: &Arc<Self>, ask: &Ask<'_>) -> Answer {
+        let target = &ask.request.target;
+        let separator = if target.contains('?') { '&' } else { '?' };
+        let asks = (0..ask.stage.group.tasks as i32).map(|task| {
+            let target = format!("{target}{separator}partition={task}");
+            async move { self.task_answer(ask, &target, task).await }
+        });
+        let answers = futures_join_all(asks).await;
+        let complete = answers.iter().all(|answer| answer.status == 200);
+        let partitions: Vec<Value> = answers
+            .into_iter()
+            .enumerate()
+            .map(|(task, answer)| match answer.status {
+                200 => answer.body,
+                status => {
+                    json!({"partition": task, "status": status, "error": answer.body["error"]})
                 }
-                answer
-            }
-            (Selection::Range { .. }, Some(task)) => {
-                self.task_answer(
-                    request,
-                    &request.target,
-                    stage,
-                    store,
-                    task,
-                    &selection,
-                    &bounds,
-                )
-                .await
-            }
-            (Selection::Range { .. }, None) => {
-                let separator = if request.target.contains('?') {
-                    '&'
-                } else {
-                    '?'
-                };
-                let asks = (0..stage.group.tasks as i32).map(|task| {
-                    let target = format!("{}{separator}partition={task}", request.target);
-                    let (selection, bounds) = (&selection, &bounds);
-                    async move {
-                        self.task_answer(request, &target, stage, store, task, selection, bounds)
-                            .await
-                    }
-                });
-                let answers = futures_join_all(asks).await;
-                let complete = answers.iter().all(|answer| answer.status == 200);
-                let partitions: Vec<Value> = answers
-                    .into_iter()
-                    .enumerate()
-                    .map(|(task, answer)| match answer.status {
-                        200 => answer.body,
-                        status => json!({"partition": task, "status": status, "error": answer.body["error"]}),
-                    })
-                    .collect();
-                let body = json!({
-                    "stage": stage.name,
-                    "store": stage.stores[store].0.name,
-                    "partitions": partitions,
-                });
-                match complete {
-                    true => Answer::ok(body),
-                    false => Answer {
-                        status: 503,
-                        body: json!({"error": "not every partition could answer", "answer": body}),
-                    },
-                }
-            }
+            })
+            .collect();
+        let body = json!({
+            "stage": ask.stage.name,
+            "store": ask.stage.stores[ask.store].0.name,
+            "partitions": partitions,
+        });
+        match complete {
+            true => Answer::ok(body),
+            false => Answer {
+                status: 503,
+                body: json!({"error": "not every partition could answer", "answer": body}),
+            },
         }
     }
 
-    /// The answer of task `task` for `selection`: from here, or from the
-    /// instance that has it.
-    #[allow(clippy::too_many_arguments)]
-    async fn task_answer(
-        self: &Arc<Self>,
-        request: &Request,
-        target: &str,
-        stage: &QueryableStage,
-        store: usize,
-        task: i32,
-        selection: &Selection,
-        bounds: &Bounds,
-    ) -> Answer {
+    /// The answer of task `task` to `ask`: from here, or from the instance
+    /// that has it (asked for `target`).
+    async fn task_answer(self: &Arc<Self>, ask: &Ask<'_>, target: &str, task: i32) -> Answer {
+        let Ask {
+            request,
+            stage,
+            store,
+            selection,
+            bounds,
+        } = *ask;
         if let Some(answer) = self
             .local_answer(stage, store, task, selection, bounds)
             .await
