@@ -152,26 +152,34 @@ impl Peers {
     /// The instance that owns `task` of `stage` and where it answers;
     /// `None` while the group rebalances or the endpoint is not known.
     pub fn owner(&self, stage: &StageGroup, task: i32) -> Option<Peer> {
-        let view = self.view.lock().unwrap();
-        let group = view.groups.get(&stage.group).filter(|group| group.stable)?;
+        self.view.lock().unwrap().owner(stage, task)
+    }
+
+    /// The instances that keep a standby of `task` of `stage`, where known.
+    pub fn standbys(&self, stage: &StageGroup, task: i32) -> Vec<Peer> {
+        self.view.lock().unwrap().standbys(stage, task)
+    }
+}
+
+impl View {
+    fn owner(&self, stage: &StageGroup, task: i32) -> Option<Peer> {
+        let group = self.groups.get(&stage.group).filter(|group| group.stable)?;
         let member = group.members.iter().find(|member| {
             (member.assignment.iter()).any(|(topic, p)| *topic == stage.task_topic && *p == task)
         })?;
         let (instance, _) = parse_client_id(&member.client_id)?;
-        let url = view.endpoints.get(&endpoint_key(&stage.group, instance))?;
+        let url = self.endpoints.get(&endpoint_key(&stage.group, instance))?;
         Some(Peer {
             instance: instance.to_string(),
             url: url.clone(),
         })
     }
 
-    /// The instances that keep a standby of `task` of `stage`, where known.
-    pub fn standbys(&self, stage: &StageGroup, task: i32) -> Vec<Peer> {
+    fn standbys(&self, stage: &StageGroup, task: i32) -> Vec<Peer> {
         if stage.standby_replicas == 0 {
             return Vec::new();
         }
-        let view = self.view.lock().unwrap();
-        let Some(group) = view.groups.get(&stage.group).filter(|group| group.stable) else {
+        let Some(group) = self.groups.get(&stage.group).filter(|group| group.stable) else {
             return Vec::new();
         };
         // The same rule the standby threads apply (standby::placement).
@@ -203,12 +211,85 @@ impl Peers {
                     .contains(&task)
             })
             .filter_map(|instance| {
-                let url = view.endpoints.get(&endpoint_key(&stage.group, instance))?;
+                let url = self.endpoints.get(&endpoint_key(&stage.group, instance))?;
                 Some(Peer {
                     instance: instance.to_string(),
                     url: url.clone(),
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::native_admin::GroupMember;
+
+    fn stage(standby_replicas: usize) -> StageGroup {
+        StageGroup {
+            group: "app".into(),
+            task_topic: "input".into(),
+            tasks: 3,
+            instance: "a".into(),
+            static_members: false,
+            standby_replicas,
+        }
+    }
+
+    fn member(id: &str, instance: &str, tasks: &[i32]) -> GroupMember {
+        GroupMember {
+            member_id: id.into(),
+            client_id: format!("{instance}/0"),
+            host: "/10.0.0.1".into(),
+            assignment: (tasks.iter())
+                .map(|task| ("input".to_string(), *task))
+                .chain([("other".to_string(), 2)])
+                .collect(),
+        }
+    }
+
+    /// Instances `a` (tasks 0, 1) and `b` (task 2), both with endpoints.
+    fn view(stable: bool) -> View {
+        let members = vec![member("m1", "a", &[0, 1]), member("m2", "b", &[2])];
+        View {
+            endpoints: [("app/a", "http://a:1"), ("app/b", "http://b:1")]
+                .map(|(key, url)| (key.to_string(), url.to_string()))
+                .into(),
+            groups: [("app".to_string(), GroupDescription { stable, members })].into(),
+        }
+    }
+
+    fn peer(instance: &str) -> Peer {
+        Peer {
+            instance: instance.into(),
+            url: format!("http://{instance}:1"),
+        }
+    }
+
+    #[test]
+    fn a_task_is_owned_by_the_member_assigned_its_partition_of_the_task_topic() {
+        let view = view(true);
+        assert_eq!(view.owner(&stage(0), 0), Some(peer("a")));
+        assert_eq!(view.owner(&stage(0), 2), Some(peer("b")));
+    }
+
+    #[test]
+    fn nobody_owns_a_task_while_the_group_rebalances_or_without_an_endpoint() {
+        assert_eq!(view(false).owner(&stage(0), 0), None);
+        let mut view = view(true);
+        view.endpoints.remove("app/b");
+        assert_eq!(view.owner(&stage(0), 2), None);
+        assert_eq!(view.owner(&stage(0), 0), Some(peer("a")));
+    }
+
+    #[test]
+    fn a_standby_is_where_the_placement_rule_puts_it() {
+        let view = view(true);
+        // With one replica each instance keeps the other's tasks: the one
+        // that would get them if their owner left.
+        assert_eq!(view.standbys(&stage(1), 2), vec![peer("a")]);
+        assert_eq!(view.standbys(&stage(1), 0), vec![peer("b")]);
+        assert_eq!(view.standbys(&stage(0), 0), vec![]);
     }
 }
