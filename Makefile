@@ -8,7 +8,7 @@ CARGO ?= cargo
 include deploy/local/stack.mk
 include deploy/local/cluster.mk
 
-.PHONY: help deps build test test-unit lint demo bench bench-scale bench-model bench-embed bench-restore bench-failover models
+.PHONY: help deps build test test-unit lint demo bench bench-scale bench-model bench-embed bench-restore bench-failover bench-queries models
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -79,3 +79,7 @@ bench-restore: deps up ## changelog restore speed of one joiner task: 600 000 or
 bench-failover: deps up ## failover time after a kill -9, without and with a standby replica, 1M sessions in state (release; bench/failover.sh)
 	$(CARGO) build --release --bins
 	@bash bench/failover.sh
+
+bench-queries: deps up ## interactive queries' rate and p99, alone and during processing, vs RocksDB point reads (release; bench/queries.py)
+	$(CARGO) build --release --bins
+	@bash bench/queries.sh
