@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::metrics::Metrics;
 
@@ -66,10 +66,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// in; answering after the first one would misread the path, and closing a
 /// socket with unread bytes makes the kernel reset the connection before the
 /// client has read the answer.
-pub(crate) async fn read_head<S: AsyncRead + Unpin>(
-    socket: &mut S,
-    buffer: &mut [u8],
-) -> std::io::Result<usize> {
+async fn read_head(socket: &mut TcpStream, buffer: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buffer.len() && !buffer[..filled].windows(4).any(|w| w == b"\r\n\r\n") {
         match socket.read(&mut buffer[filled..]).await? {

@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_native_tls::TlsAcceptor;
 
 use super::peers::{Peer, Peers};
 use super::read::{Selection, Snapshot};
 use super::QueryableStage;
-use crate::http::read_head;
 use crate::partitioner::murmur2_partition;
 use crate::processor::StoreShape;
 use crate::state::open_stores::{OpenStores, StoreRole};
@@ -26,8 +25,13 @@ const RETRY_AFTER_SECONDS: u32 = 1;
 /// Entries per task a range query returns unless it says `limit=`.
 const DEFAULT_LIMIT: usize = 1_000;
 const MAX_LIMIT: usize = 100_000;
-/// How long a client may take to send its request head (TLS handshake apart).
+/// How long a client may take to send its first request head (and its TLS
+/// handshake).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a kept-alive connection may wait for its next request.
+const KEEP_ALIVE: Duration = Duration::from_secs(30);
+/// The longest request head read.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// How long a forwarded query may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -71,6 +75,8 @@ struct Request {
     params: HashMap<String, String>,
     authorization: Option<String>,
     hop: bool,
+    /// HTTP/1.1 without `Connection: close`.
+    keep_alive: bool,
 }
 
 fn parse_request(head: &str) -> Option<(String, Request)> {
@@ -78,6 +84,7 @@ fn parse_request(head: &str) -> Option<(String, Request)> {
     let mut first = lines.next()?.split_whitespace();
     let method = first.next()?.to_string();
     let target = first.next()?.to_string();
+    let mut keep_alive = first.next() == Some("HTTP/1.1");
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let segments = path
         .split('/')
@@ -100,6 +107,7 @@ fn parse_request(head: &str) -> Option<(String, Request)> {
         match name.trim().to_ascii_lowercase().as_str() {
             "authorization" => authorization = Some(value.trim().to_string()),
             HOP_HEADER => hop = true,
+            "connection" => keep_alive &= !value.trim().eq_ignore_ascii_case("close"),
             _ => {}
         }
     }
@@ -111,6 +119,7 @@ fn parse_request(head: &str) -> Option<(String, Request)> {
             params,
             authorization,
             hop,
+            keep_alive,
         },
     ))
 }
@@ -155,43 +164,84 @@ pub(crate) async fn serve(
     }))
 }
 
+/// Answers the requests of one connection, kept alive between them (a
+/// client asking many queries, or another instance forwarding them, pays
+/// for one connection, not one per query) until the client closes it,
+/// says `Connection: close`, or stays idle for [`KEEP_ALIVE`].
 async fn answer_connection<S: AsyncRead + AsyncWrite + Unpin>(
     mut socket: S,
     server: Arc<QueryServer>,
 ) {
-    let mut buffer = [0u8; 8192];
-    let Ok(Ok(read)) =
-        tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut socket, &mut buffer)).await
-    else {
-        return;
-    };
-    let head = String::from_utf8_lossy(&buffer[..read]);
-    let answer = match parse_request(&head) {
-        None => Answer::error(400, "malformed request"),
-        Some((method, _)) if method != "GET" => Answer::error(405, "only GET is served"),
-        Some((_, request)) => server.answer(&request).await,
-    };
-    let body = answer.body.to_string();
-    let reason = match answer.status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        503 => "Service Unavailable",
-        _ => "Error",
-    };
-    let retry = match answer.status {
-        503 => format!("Retry-After: {RETRY_AFTER_SECONDS}\r\n"),
-        401 => "WWW-Authenticate: Bearer\r\n".to_string(),
-        _ => String::new(),
-    };
-    let response = format!(
-        "HTTP/1.1 {} {reason}\r\nContent-Type: application/json\r\n{retry}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        answer.status,
-        body.len()
-    );
-    let _ = socket.write_all(response.as_bytes()).await;
+    let mut buffer = Vec::with_capacity(4096);
+    let mut wait = HEAD_TIMEOUT;
+    loop {
+        let Ok(Ok(Some(end))) =
+            tokio::time::timeout(wait, read_request_head(&mut socket, &mut buffer)).await
+        else {
+            return;
+        };
+        wait = KEEP_ALIVE;
+        let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+        // Whatever follows the head is the start of the next request.
+        buffer.drain(..end);
+        let (answer, keep_alive) = match parse_request(&head) {
+            None => (Answer::error(400, "malformed request"), false),
+            Some((method, request)) if method != "GET" => {
+                let keep_alive = request.keep_alive;
+                (Answer::error(405, "only GET is served"), keep_alive)
+            }
+            Some((_, request)) => (server.answer(&request).await, request.keep_alive),
+        };
+        let body = answer.body.to_string();
+        let reason = match answer.status {
+            200 => "OK",
+            400 => "Bad Request",
+            401 => "Unauthorized",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            503 => "Service Unavailable",
+            _ => "Error",
+        };
+        let extra = match answer.status {
+            503 => format!("Retry-After: {RETRY_AFTER_SECONDS}\r\n"),
+            401 => "WWW-Authenticate: Bearer\r\n".to_string(),
+            _ => String::new(),
+        };
+        let connection = if keep_alive { "keep-alive" } else { "close" };
+        let response = format!(
+            "HTTP/1.1 {} {reason}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: {connection}\r\n\r\n{body}",
+            answer.status,
+            body.len()
+        );
+        if socket.write_all(response.as_bytes()).await.is_err() || !keep_alive {
+            return;
+        }
+    }
+}
+
+/// Reads into `buffer` (which may already hold the start of it) until it
+/// holds a whole request head; returns the head's length, or `None` when
+/// the client closed the connection or sent a head too long.
+async fn read_request_head<S: AsyncRead + Unpin>(
+    socket: &mut S,
+    buffer: &mut Vec<u8>,
+) -> std::io::Result<Option<usize>> {
+    let mut searched: usize = 0;
+    loop {
+        let from = searched.saturating_sub(3);
+        if let Some(at) = buffer[from..].windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok(Some(from + at + 4));
+        }
+        searched = buffer.len();
+        if buffer.len() >= MAX_HEAD_BYTES {
+            return Ok(None);
+        }
+        let mut chunk = [0u8; 4096];
+        match socket.read(&mut chunk).await? {
+            0 => return Ok(None),
+            read => buffer.extend_from_slice(&chunk[..read]),
+        }
+    }
 }
 
 /// Compares without stopping at the first difference, so that the time an
@@ -575,6 +625,43 @@ mod tests {
             request.target,
             "/stores/main/sessions/keys/user%201?max_lag=5&standby=allow"
         );
+    }
+
+    #[test]
+    fn a_connection_is_kept_alive_unless_the_client_says_close() {
+        let keep = |head: &str| parse_request(head).unwrap().1.keep_alive;
+        assert!(keep("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(!keep("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n"));
+        assert!(!keep("GET / HTTP/1.0\r\n\r\n"));
+    }
+
+    #[test]
+    fn request_heads_are_read_one_at_a_time_from_what_arrives() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (mut client, mut server) = tokio::io::duplex(1024);
+            let first = "GET /a HTTP/1.1\r\n\r\n";
+            let second = "GET /b HTTP/1.1\r\nHost: x\r\n\r\n";
+            // Both heads in one write, the second split across two.
+            client.write_all(first.as_bytes()).await.unwrap();
+            client.write_all(&second.as_bytes()[..10]).await.unwrap();
+            let mut buffer = Vec::new();
+            let end = read_request_head(&mut server, &mut buffer).await.unwrap();
+            assert_eq!(end, Some(first.len()));
+            buffer.drain(..first.len());
+            client.write_all(&second.as_bytes()[10..]).await.unwrap();
+            let end = read_request_head(&mut server, &mut buffer).await.unwrap();
+            assert_eq!(&buffer[..end.unwrap()], second.as_bytes());
+            buffer.clear();
+            drop(client);
+            assert_eq!(
+                read_request_head(&mut server, &mut buffer).await.unwrap(),
+                None
+            );
+        });
     }
 
     #[test]
