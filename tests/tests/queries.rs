@@ -256,13 +256,21 @@ fn sessionizer_answers_every_key_from_either_instance_and_after_a_kill_9_of_an_o
     produce(&run.input, "user-events", &lines);
     let logs = || format!("{}\n---\n{}", first.service.log(), second.service.log());
 
-    // The range over every partition, from each instance.
-    let body = wait_for_state(first.port, "sessions", &expected, None, logs);
-    let owners: std::collections::BTreeSet<&str> = (body["partitions"].as_array().unwrap())
-        .iter()
-        .map(|p| p["served_by"]["instance"].as_str().unwrap())
-        .collect();
-    assert_eq!(owners.len(), 2, "both instances own partitions: {body}");
+    // The range over every partition, from each instance, once the second
+    // has joined (the first may have had every partition, and the whole
+    // state, before).
+    let owners = |body: &Value| -> std::collections::BTreeSet<String> {
+        (body["partitions"].as_array().unwrap())
+            .iter()
+            .map(|p| p["served_by"]["instance"].to_string())
+            .collect()
+    };
+    let mut body = Value::Null;
+    let shared = eventually(Duration::from_secs(60), || {
+        body = wait_for_state(first.port, "sessions", &expected, None, logs);
+        owners(&body).len() == 2
+    });
+    assert!(shared, "both instances own partitions: {body}");
     wait_for_state(second.port, "sessions", &expected, None, logs);
 
     // By key, from each: half the keys live on the other instance.
