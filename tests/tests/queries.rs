@@ -73,13 +73,23 @@ struct Instance {
 }
 
 fn start_instance(binary: &str, arguments: &[String], extra: &[&str]) -> Instance {
+    start_instance_with_scheme(binary, arguments, extra, "http")
+}
+
+/// [`start_instance`], advertised with URL scheme `scheme`.
+fn start_instance_with_scheme(
+    binary: &str,
+    arguments: &[String],
+    extra: &[&str],
+    scheme: &str,
+) -> Instance {
     let port = free_port();
     let mut arguments = arguments.to_vec();
     arguments.extend(args(&[
         "--query-addr",
         &format!("127.0.0.1:{port}"),
         "--query-advertised-url",
-        &format!("http://127.0.0.1:{port}"),
+        &format!("{scheme}://127.0.0.1:{port}"),
         // A killed instance leaves the group after 6 s, not 45.
         "--kafka",
         "session.timeout.ms=6000",
@@ -458,8 +468,8 @@ fn queries_over_tls_are_answered_and_forwarded_between_instances() {
         cert,
     ];
     let arguments = run.args(&[]);
-    let first = start_tls_instance(&arguments, &tls);
-    let second = start_tls_instance(&arguments, &tls);
+    let first = start_instance_with_scheme("sessionizer", &arguments, &tls, "https");
+    let second = start_instance_with_scheme("sessionizer", &arguments, &tls, "https");
     produce(&run.input, "user-events", &lines);
 
     // Every key from the first instance, once both share the partitions:
@@ -488,20 +498,6 @@ fn queries_over_tls_are_answered_and_forwarded_between_instances() {
     );
     // Plain HTTP gets no answer from a TLS listener.
     assert!(query(first.port, "/stores", None).is_none());
-}
-
-/// An instance whose query listener speaks TLS, advertised as https.
-fn start_tls_instance(arguments: &[String], tls: &[&str]) -> Instance {
-    let port = free_port();
-    let mut extra = tls.to_vec();
-    let url = format!("https://127.0.0.1:{port}");
-    let address = format!("127.0.0.1:{port}");
-    extra.extend(["--query-addr", &address, "--query-advertised-url", &url]);
-    extra.extend(["--kafka", "session.timeout.ms=6000"]);
-    Instance {
-        service: Service::start("sessionizer", &[arguments, &args(&extra)].concat()),
-        port,
-    }
 }
 
 /// Fields holding wall-clock times (embed-batcher's), which differ between

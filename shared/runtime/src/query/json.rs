@@ -6,12 +6,14 @@ use std::fmt;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use crate::state::codec::FORMAT_MSGPACK_NAMED;
+
 /// A state value's bytes (format byte first) as JSON. Map keys that are not
 /// strings (a window start, an id) become their decimal text, as JSON
 /// objects need.
 pub fn state_value_json(bytes: &[u8]) -> anyhow::Result<Value> {
     match bytes.split_first() {
-        Some((1, body)) => {
+        Some((&FORMAT_MSGPACK_NAMED, body)) => {
             let mut decoder = rmp_serde::Deserializer::new(body);
             Ok(AnyValue::deserialize(&mut decoder)
                 .map_err(|e| anyhow::anyhow!("state value decoding failed: {e}"))?

@@ -9,9 +9,7 @@ use crate::processor::StoreShape;
 use crate::state::codec::{
     i64_from_ordered_bytes, i64_to_ordered_bytes, map_prefix, split_map_key,
 };
-
-/// Column family of the per-store checkpoints (see `state::store`).
-const CHECKPOINTS: &str = "__checkpoints";
+use crate::state::store::CHECKPOINTS;
 
 /// What a query asks of one task's store.
 #[derive(Debug, Clone, PartialEq)]

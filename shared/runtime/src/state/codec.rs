@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Format byte of values written as named MessagePack.
-const FORMAT_MSGPACK_NAMED: u8 = 1;
+pub(crate) const FORMAT_MSGPACK_NAMED: u8 = 1;
 
 /// Encodes a state value.
 pub fn encode_value<T: Serialize>(value: &T) -> anyhow::Result<Vec<u8>> {

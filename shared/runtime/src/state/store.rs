@@ -52,7 +52,7 @@ use commit::Applying;
 use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, ReadOptions, DB};
 
 /// Column family holding, per store, the last changelog offset applied locally.
-const CHECKPOINTS: &str = "__checkpoints";
+pub(crate) const CHECKPOINTS: &str = "__checkpoints";
 /// RocksDB's own column family, which every database has.
 const DEFAULT_FAMILY: &str = "default";
 
