@@ -17,7 +17,9 @@ rotating order:
   get answers: records/s, and the queries' rate and latency;
 * queries on the idle service (after the processing-alone run has consumed
   its whole backlog: `loadgen watch`): 1 and QUERIES_CONNECTIONS clients as
-  fast as answered, and each fixed rate;
+  fast as answered, and each fixed rate; then QUERIES_CONNECTIONS clients
+  again with a new connection per query (every other run keeps one
+  connection alive per client);
 * the ceiling (`readbench`, the service stopped): random point reads of the
   same task's RocksDB, opened as the service opens it, on 1 and 2 threads:
   `get_pinned_cf` alone, and the query server's read path without HTTP
@@ -123,11 +125,15 @@ class Window:
                 if broker is not None and self.broker_cpu is not None else None}
 
 
-def querygen(port, seconds, rate=0, connections=CONNECTIONS):
-    """Starts a query load on the service at `port`; `.communicate()` ends it."""
+def querygen(port, seconds, rate=0, connections=CONNECTIONS, per_query=False):
+    """Starts a query load on the service at `port` (each client on one
+    kept-alive connection, or with `per_query` a connection per query);
+    `.communicate()` ends it."""
     return subprocess.Popen([str(BIN / "querygen"), "--addr", f"127.0.0.1:{port}", "--path", STORE_PATH,
                              "--keys", str(KEYS), "--connections", str(connections), "--seconds",
-                             str(seconds), "--rate", str(rate)], stdout=subprocess.PIPE, text=True)
+                             str(seconds), "--rate", str(rate)]
+                            + (["--connection-per-query"] if per_query else []),
+                            stdout=subprocess.PIPE, text=True)
 
 
 def finish(process):
@@ -135,10 +141,10 @@ def finish(process):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def queried(system, port, label, rate=0, connections=CONNECTIONS):
+def queried(system, port, label, rate=0, connections=CONNECTIONS, per_query=False):
     """Queries on the idle service for one window."""
     window = Window(system)
-    answer = finish(querygen(port, SECONDS, rate, connections))
+    answer = finish(querygen(port, SECONDS, rate, connections, per_query))
     outcome = {"label": label, "rate": rate, "connections": connections, "queries": answer} | window.close()
     log(f"  idle, {label}: {fmt(answer['ok_qps'])} answers/s, p50 {answer['p50_ms']} ms, "
         f"p99 {answer['p99_ms']} ms, max {answer['max_ms']} ms, statuses {answer['statuses']}, "
@@ -209,7 +215,9 @@ def processing_run(mode, topic, total, round_number):
             # The rest of the backlog, then the idle service.
             outcome["watch"] = system.watch()
             outcome["idle"] = [queried(system, port, "1 client", 0, 1),
-                               queried(system, port, f"{CONNECTIONS} clients", 0, CONNECTIONS)]
+                               queried(system, port, f"{CONNECTIONS} clients", 0, CONNECTIONS),
+                               queried(system, port, f"{CONNECTIONS} clients, a connection per query", 0,
+                                       CONNECTIONS, per_query=True)]
             outcome["idle"] += [queried(system, port, f"{rate}/s", rate) for rate in RATES]
             system.process.send_signal(signal.SIGTERM)
             system.process.wait(30)

@@ -48,6 +48,10 @@ Environment:
                      `taskset -c` on it (pin the broker to the other cores
                      yourself, e.g. `taskset -a -p -c 0 <broker pid>`)
   BENCH_TAG          suffix of the results' file names (<date>-<tag>.*)
+  BENCH_PROFILE      1: after the throughput runs, one more run of ours per use case
+                     and shape under `perf record` (not counted in the rates): a flame
+                     graph <date>-<tag>-profile-<use case>-<shape>.svg and the functions'
+                     shares of the CPU samples in the tables (bench/profile.py)
 """
 
 import datetime
@@ -62,6 +66,8 @@ import subprocess
 import sys
 import time
 
+import perf_profile
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(os.environ.get("BIN_DIR") or
                    pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release")
@@ -74,6 +80,7 @@ RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 ONLY = re.compile(os.environ.get("BENCH_ONLY", "."))
 SYSTEMS = os.environ.get("BENCH_SYSTEMS", "ours kafka-streams rawcopy").split()
 LATENCY = os.environ.get("BENCH_LATENCY", "1") != "0"
+PROFILE = os.environ.get("BENCH_PROFILE", "0") != "0"
 LATENCY_GUARANTEES = os.environ.get("BENCH_LATENCY_GUARANTEES", "exactly_once_v2 at_least_once").split()
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 LATENCY_RATE = int(os.environ.get("BENCH_LATENCY_RATE", "0"))
@@ -359,7 +366,7 @@ def main():
             "java": subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0],
             "java_opts": JAVA_OPTS, "load_average_before": load_before, "pinned_to_cpus": PIN,
         },
-        "check": {}, "fill": {}, "throughput": [], "latency": [],
+        "check": {}, "fill": {}, "throughput": [], "latency": [], "profiles": [],
     }
 
     cases = [(use_case, shape) for use_case in use_cases for shape in SHAPES]
@@ -401,6 +408,12 @@ def main():
                         f"load {outcome['load_average']:.1f}")
                 else:
                     log(f"{label}: FAILED {outcome.get('error')}")
+
+    if PROFILE and "ours" in SYSTEMS:
+        for use_case, shape in cases:
+            results["profiles"].append(attempts(f"profile {use_case} ({shape})",
+                                                lambda: profile_run(use_case, shape, inputs[use_case, shape],
+                                                                    results["meta"]["date"])))
 
     results["summary"] = summarize(results["throughput"], cases)
     for use_case, shape in cases:
@@ -469,6 +482,19 @@ def throughput_run(use_case, shape, name, inputs, run):
         return system.watch()
     finally:
         system.stop()
+
+
+def profile_run(use_case, shape, inputs, date):
+    """One run of ours under `perf record` (bench/profile.py)."""
+    app = f"{RUN}-{use_case}-{shape}-ours-profile-{int(time.time())}"
+    system = System("ours", use_case, shape, inputs, app, "exactly_once_v2").start()
+    stem = ROOT / "bench/results" / "-".join(filter(None, [date, TAG, "profile", use_case, shape]))
+    try:
+        outcome = perf_profile.profile(system, system.watch, stem, f"{use_case} ({shape}), {date}")
+    finally:
+        system.stop()
+    log(f"profile {use_case} ({shape}): {outcome.get('samples')} samples, {outcome.get('svg')}")
+    return outcome | {"use_case": use_case, "shape": shape, "ok": "error" not in outcome}
 
 
 def latency_run(use_case, shape, name, guarantee, rate):
@@ -586,6 +612,16 @@ def tables(results):
     if phase_lines:
         lines += ["", "Where our processing thread spends its time (`streams_thread_phase_seconds_total`, "
                   "share of the thread's accounted time, last throughput run):", ""] + phase_lines
+    for p in results.get("profiles", []):
+        if not p.get("ok"):
+            continue
+        lines += ["", f"CPU profile of ours, {p['use_case']} ({p['shape']}): {p['samples']} samples at "
+                  f"{perf_profile.HZ} Hz (`perf record --call-graph dwarf`), flame graph {p['svg']}; "
+                  "inclusive shares of the samples:", "",
+                  "| thread | share |", "| --- | --- |"]
+        lines += [f"| {name} | {100 * share:.1f} % |" for name, share in p["threads"]]
+        lines += ["", "| function | share |", "| --- | --- |"]
+        lines += [f"| `{name.replace('|', '/')}` | {100 * share:.1f} % |" for name, share in p["functions"]]
     return "\n".join(lines) + "\n"
 
 

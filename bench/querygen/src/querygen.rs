@@ -1,14 +1,16 @@
 //! `querygen`: interactive-query load (docs/queries.md). `--connections`
-//! clients each ask for random keys, one plain HTTP/1.1 `GET` per connection
-//! (the query server closes every connection after its answer), for
+//! clients each ask for random keys with plain HTTP/1.1 `GET`s, each client
+//! on one kept-alive connection (or, with `--connection-per-query`, a new
+//! connection per query, as a client without a connection pool does), for
 //! `--seconds`: as fast as the answers come, or at a total `--rate`. Prints
 //! one JSON object: queries per second, answers by status, and latency
 //! percentiles.
 //!
 //! At a fixed rate, query `i` is due at `i / rate` seconds from the start and
-//! its latency counts from then, not from when it was sent: a server that
-//! stalls delays the queries behind it, and their wait is counted (no
-//! coordinated omission).
+//! its latency counts from then if it is sent late because its client was
+//! still waiting for the answer before: a server that stalls delays the
+//! queries behind it, and their wait is counted (no coordinated omission).
+//! Only the timer's own lateness (it wakes on the next millisecond) is not.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +48,10 @@ struct Args {
     rate: f64,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Opens a new connection for every query (`Connection: close`)
+    /// instead of keeping one alive per client.
+    #[arg(long)]
+    connection_per_query: bool,
 }
 
 /// What one client saw.
@@ -109,7 +115,10 @@ fn main() -> anyhow::Result<()> {
                 let (schedule, addr) = (schedule.clone(), args.addr.clone());
                 let (prefix, suffix) = (prefix.to_string(), suffix.to_string());
                 let rng = StdRng::seed_from_u64(args.seed.wrapping_add(client as u64));
-                tokio::spawn(run_client(schedule, addr, prefix, suffix, args.keys, rng))
+                let keep_alive = !args.connection_per_query;
+                tokio::spawn(run_client(
+                    schedule, addr, prefix, suffix, args.keys, rng, keep_alive,
+                ))
             })
             .collect();
         let mut tallies = Vec::new();
@@ -148,6 +157,7 @@ fn main() -> anyhow::Result<()> {
         "{}",
         json!({
             "connections": args.connections,
+            "keep_alive": !args.connection_per_query,
             "rate": args.rate,
             "seconds": elapsed,
             "answered": answered,
@@ -175,19 +185,45 @@ async fn run_client(
     suffix: String,
     keys: u64,
     mut rng: StdRng,
+    keep_alive: bool,
 ) -> Tally {
     let mut tally = Tally::default();
     let mut answer = Vec::with_capacity(4096);
+    let connection = if keep_alive { "keep-alive" } else { "close" };
+    let mut open: Option<TcpStream> = None;
     while let Some(due) = schedule.next_due() {
-        tokio::time::sleep_until(due.into()).await;
+        // A query sent late because the one before it was slow counts from
+        // when it was due; one sent late only by the timer (which wakes on
+        // the next millisecond) counts from when it was sent.
+        let start = if due > Instant::now() {
+            tokio::time::sleep_until(due.into()).await;
+            Instant::now()
+        } else {
+            due
+        };
         let key = rng.random_range(0..keys);
         let request = format!(
-            "GET {prefix}{key}{suffix} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            "GET {prefix}{key}{suffix} HTTP/1.1\r\nHost: {addr}\r\nConnection: {connection}\r\n\r\n"
         );
         answer.clear();
-        match ask(&addr, request.as_bytes(), &mut answer).await {
+        let asked = match open.take() {
+            Some(stream) => Ok(stream),
+            None => connect(&addr).await,
+        };
+        let asked = match asked {
+            Ok(mut stream) => ask(&mut stream, request.as_bytes(), &mut answer, keep_alive)
+                .await
+                .map(|(status, reusable)| {
+                    if reusable {
+                        open = Some(stream);
+                    }
+                    status
+                }),
+            Err(error) => Err(error),
+        };
+        match asked {
             Ok(status) => {
-                let micros = due.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                let micros = start.elapsed().as_micros().min(u32::MAX as u128) as u32;
                 tally.latencies_us.push(micros);
                 *tally.statuses.entry(status).or_default() += 1;
                 if status == 200 && contains(&answer, b"\"value\":null") {
@@ -205,23 +241,72 @@ async fn run_client(
     tally
 }
 
-/// Sends `request` on a new connection and reads the answer to its end;
-/// returns the status.
-async fn ask(addr: &str, request: &[u8], answer: &mut Vec<u8>) -> anyhow::Result<u16> {
-    let mut stream = TcpStream::connect(addr).await?;
+async fn connect(addr: &str) -> anyhow::Result<TcpStream> {
+    let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// Sends `request` on `stream` and reads its answer: to the connection's
+/// end, or with `keep_alive` to the end of its `Content-Length`. Returns
+/// the status and whether the server left the connection open.
+async fn ask(
+    stream: &mut TcpStream,
+    request: &[u8],
+    answer: &mut Vec<u8>,
+    keep_alive: bool,
+) -> anyhow::Result<(u16, bool)> {
     stream.write_all(request).await?;
-    stream.read_to_end(answer).await?;
+    let reusable = if keep_alive {
+        read_one_answer(stream, answer).await?
+    } else {
+        stream.read_to_end(answer).await?;
+        false
+    };
     let status = answer
         .strip_prefix(b"HTTP/1.1 ")
         .and_then(|rest| rest.get(..3))
         .and_then(|code| std::str::from_utf8(code).ok()?.parse().ok())
         .ok_or_else(|| anyhow::anyhow!("not an HTTP answer ({} bytes)", answer.len()))?;
-    Ok(status)
+    Ok((status, reusable))
+}
+
+/// Reads one answer's head and its `Content-Length` bytes of body; returns
+/// whether the server keeps the connection (no `Connection: close`).
+async fn read_one_answer(stream: &mut TcpStream, answer: &mut Vec<u8>) -> anyhow::Result<bool> {
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(at) = find(answer, b"\r\n\r\n") {
+            break at + 4;
+        }
+        let read = stream.read(&mut chunk).await?;
+        anyhow::ensure!(read > 0, "connection closed before an answer");
+        answer.extend_from_slice(&chunk[..read]);
+    };
+    let head = std::str::from_utf8(&answer[..head_end])?.to_ascii_lowercase();
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let length: usize = header("content-length")
+        .ok_or_else(|| anyhow::anyhow!("an answer without Content-Length"))?
+        .parse()?;
+    let reusable = header("connection") != Some("close");
+    while answer.len() < head_end + length {
+        let read = stream.read(&mut chunk).await?;
+        anyhow::ensure!(read > 0, "connection closed inside an answer");
+        answer.extend_from_slice(&chunk[..read]);
+    }
+    Ok(reusable)
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|window| window == needle)
+    find(haystack, needle).is_some()
 }

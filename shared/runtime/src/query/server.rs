@@ -518,14 +518,25 @@ impl QueryServer {
         }
         let db = open.db()?;
         let (spec, index, changelog) = stage.stores[store].clone();
+        let point = matches!(
+            (spec.shape, selection),
+            (StoreShape::Value, Selection::Key(_))
+        );
         let selection = selection.clone();
-        let read = tokio::task::spawn_blocking(move || {
+        let read = move || {
             let snapshot = Snapshot::new(&db, spec.name)?;
             let position = snapshot.position()?;
             let body = snapshot.read(spec.shape, &selection)?;
             anyhow::Ok((position, body))
-        })
-        .await;
+        };
+        // A point read takes microseconds from the block cache: handing it
+        // to another thread and back would cost more than the read. Scans
+        // go to the blocking pool, off the runtime's one worker.
+        let read = if point {
+            Ok(read())
+        } else {
+            tokio::task::spawn_blocking(read).await
+        };
         let (position, mut body) = match read {
             Ok(Ok(read)) => read,
             Ok(Err(error)) => return Some(Answer::error(500, format!("{error:#}"))),

@@ -74,12 +74,18 @@ impl TimerSpill {
 fn decode_by_time(bytes: &[u8]) -> anyhow::Result<(i64, String, &str)> {
     anyhow::ensure!(bytes.len() >= 2 + 8, "spilled timer key too short");
     let time = i64_from_ordered_bytes(bytes[2..10].try_into()?);
+    let (key, name) = decode_key_and_name(&bytes[10..])?;
+    Ok((time, key, name))
+}
+
+/// The key and name at the end of a store key (see [`TimerSpill::encode`]).
+fn decode_key_and_name(bytes: &[u8]) -> anyhow::Result<(String, &str)> {
     let mut key = Vec::new();
-    let mut rest = &bytes[10..];
+    let mut rest = bytes;
     loop {
         match rest {
             [0, 0, name @ ..] => {
-                return Ok((time, String::from_utf8(key)?, std::str::from_utf8(name)?));
+                return Ok((String::from_utf8(key)?, std::str::from_utf8(name)?));
             }
             [0, 0xff, tail @ ..] => {
                 key.push(0);
@@ -133,6 +139,22 @@ impl SpillStore for TimerSpill {
         batch.delete_cf(self.family(), self.encode(BY_TIME, Some(time), key, name));
         batch.delete_cf(self.family(), self.encode(BY_KEY, None, key, name));
         self.write(batch)
+    }
+
+    fn for_each_spilled(&self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
+        let mut options = ReadOptions::default();
+        options.set_iterate_lower_bound(vec![BY_KEY, self.domain]);
+        options.set_iterate_upper_bound(vec![BY_KEY, self.domain + 1]);
+        // A one-off scan: its blocks would only push hot ones out.
+        options.fill_cache(false);
+        let mut iterator = self.db.raw_iterator_cf_opt(self.family(), options);
+        iterator.seek_to_first();
+        while let Some(by_key) = iterator.key() {
+            let (key, name) = decode_key_and_name(&by_key[2..])?;
+            each(&key, name);
+            iterator.next();
+        }
+        Ok(iterator.status()?)
     }
 
     fn take_earliest(
@@ -218,6 +240,11 @@ mod tests {
             spill.put(time, key, "t").unwrap();
         }
         spill.delete(20, "b", "t").unwrap();
+        let mut listed = Vec::new();
+        spill
+            .for_each_spilled(&mut |key, name| listed.push(format!("{key}/{name}")))
+            .unwrap();
+        assert_eq!(listed, ["a/t", "c/t", "d/t"], "the other domain's apart");
         assert_eq!(spill.get("c", "t").unwrap(), Some(30));
         assert_eq!(spill.get("b", "t").unwrap(), None);
         let mut taken = Vec::new();

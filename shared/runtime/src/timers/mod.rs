@@ -4,6 +4,7 @@
 
 mod queue;
 mod spill;
+mod spill_filter;
 
 use std::sync::Arc;
 
@@ -162,7 +163,7 @@ impl TaskTimers {
         time: i64,
     ) -> Option<i64> {
         let previous = self.queue_mut(domain).set(key, name, time);
-        if self.event_time.bytes + self.wall_clock.bytes > self.budget {
+        if self.event_time.memory() + self.wall_clock.memory() > self.budget {
             // Halving the larger queue brings the two under the budget.
             if self.event_time.bytes >= self.wall_clock.bytes {
                 self.event_time.spill_latest_half();
@@ -183,8 +184,8 @@ impl TaskTimers {
     /// milliseconds for wall-clock ones.
     pub fn pop_due(&mut self, domain: TimeDomain, now: i64) -> Option<TimerEntry> {
         let other = match domain {
-            TimeDomain::EventTime => self.wall_clock.bytes,
-            TimeDomain::WallClock => self.event_time.bytes,
+            TimeDomain::EventTime => self.wall_clock.memory(),
+            TimeDomain::WallClock => self.event_time.memory(),
         };
         // Spilled timers come back until the queue fills half its room.
         let refill = self.budget.saturating_sub(other) / 2;

@@ -10,6 +10,7 @@ use rustc_hash::FxBuildHasher;
 use smallvec::SmallVec;
 
 use super::spill::SpillStore;
+use super::spill_filter::SpillFilter;
 use super::TimerEntry;
 
 /// What one timer in memory is counted as, beside its key's bytes: the
@@ -87,6 +88,9 @@ pub(super) struct Spill {
     /// processor that reads a timer and then sets it (the joiner, for
     /// every record) reads the store once.
     last_lookup: RefCell<Option<Lookup>>,
+    /// Which keys and names may be in the store: a lookup or removal of a
+    /// timer certainly not spilled touches no store.
+    filter: SpillFilter,
 }
 
 /// A spilled timer's time by key and name, as the store said.
@@ -119,6 +123,9 @@ impl Spill {
                 return Ok(last.time);
             }
         }
+        if !self.filter.may_contain(key, name) {
+            return Ok(None);
+        }
         let time = self.store.get(key, name)?;
         self.remember(key, name, time);
         Ok(time)
@@ -142,6 +149,33 @@ impl Spill {
     fn record(&self, error: anyhow::Error) {
         let first = self.failure.take();
         self.failure.set(first.or(Some(error)));
+    }
+
+    /// Builds the filter again from the store's timers, sized for twice as
+    /// many; on a failed read the old filter, which holds them all, stays.
+    fn rebuild_filter(&mut self) {
+        let mut spilled = Vec::new();
+        let listed = self.store.for_each_spilled(&mut |key, name| {
+            spilled.push((Box::<str>::from(key), Box::<str>::from(name)));
+        });
+        match listed {
+            Ok(()) => {
+                let mut filter = SpillFilter::with_capacity(2 * spilled.len());
+                for (key, name) in &spilled {
+                    filter.insert(key, name);
+                }
+                self.filter = filter;
+            }
+            Err(error) => self.record(error),
+        }
+    }
+
+    /// Notes that the store holds no timer any more.
+    fn emptied(&mut self) {
+        self.count = 0;
+        self.horizon = None;
+        self.filter.clear();
+        self.last_lookup.take();
     }
 }
 
@@ -171,6 +205,7 @@ impl TimerQueue {
                 names: SmallVec::new(),
                 failure: Cell::new(None),
                 last_lookup: RefCell::new(None),
+                filter: SpillFilter::default(),
             }),
             ..TimerQueue::default()
         }
@@ -259,6 +294,12 @@ impl TimerQueue {
         self.spill.as_ref().map_or(0, |spill| spill.count)
     }
 
+    /// The memory the queue is counted as: its timers in memory and the
+    /// filter of its spilled ones.
+    pub(super) fn memory(&self) -> usize {
+        self.bytes + self.spill.as_ref().map_or(0, |spill| spill.filter.bytes())
+    }
+
     fn get_in_memory(&self, key: &str, name: &str) -> Option<i64> {
         self.by_key
             .get(key)?
@@ -313,6 +354,9 @@ impl TimerQueue {
     /// returns its time if the queue is exact.
     fn remove_spilled(&mut self, key: &str, name: &str) -> Option<i64> {
         let spill = self.spill.as_mut().filter(|spill| spill.count > 0)?;
+        if !spill.filter.may_contain(key, name) {
+            return None;
+        }
         if !spill.exact {
             if let Err(error) = spill.store.forget(key, name) {
                 spill.record(error);
@@ -330,7 +374,7 @@ impl TimerQueue {
             Ok(Some(time)) => {
                 spill.count -= 1;
                 if spill.count == 0 {
-                    spill.horizon = None;
+                    spill.emptied();
                 }
                 Some(time)
             }
@@ -351,6 +395,10 @@ impl TimerQueue {
             return;
         }
         spill.remember(key, name, Some(time));
+        spill.filter.insert(key, name);
+        if spill.filter.needs_rebuild() {
+            spill.rebuild_filter();
+        }
         spill.count += 1;
         if !spill.names.contains(&name) {
             spill.names.push(name);
@@ -390,12 +438,12 @@ impl TimerQueue {
     /// Loads the earliest spilled timers into memory until it holds
     /// `refill` bytes (at least one timer); whether any was loaded.
     fn load_spilled(&mut self, refill: usize) -> bool {
+        let mut bytes = self.memory();
         let Some(spill) = self.spill.as_mut() else {
             return false;
         };
         let mut loaded: Vec<(i64, Box<str>, &'static str)> = Vec::new();
         let mut next = None;
-        let mut bytes = self.bytes;
         let mut unknown = None;
         let names = &spill.names;
         spill.last_lookup.take();
@@ -440,7 +488,7 @@ impl TimerQueue {
                     spill.count
                 ));
             }
-            spill.count = 0;
+            spill.emptied();
         }
         let any = !loaded.is_empty();
         for (time, key, name) in loaded {
@@ -646,6 +694,79 @@ mod tests {
         }
     }
 
+    /// A spill store that counts its reads.
+    #[derive(Default)]
+    struct Counted {
+        inner: MemorySpill,
+        reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl SpillStore for Counted {
+        fn get(&self, key: &str, name: &str) -> anyhow::Result<Option<i64>> {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.get(key, name)
+        }
+        fn put(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()> {
+            self.inner.put(time, key, name)
+        }
+        fn delete(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()> {
+            self.inner.delete(time, key, name)
+        }
+        fn forget(&mut self, key: &str, name: &str) -> anyhow::Result<()> {
+            self.inner.forget(key, name)
+        }
+        fn for_each_spilled(&self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
+            self.inner.for_each_spilled(each)
+        }
+        fn take_earliest(
+            &mut self,
+            take: &mut dyn FnMut(i64, &str, &str) -> bool,
+        ) -> anyhow::Result<usize> {
+            self.inner.take_earliest(take)
+        }
+    }
+
+    #[test]
+    fn timers_never_spilled_are_answered_without_reading_the_store() {
+        let store = Counted::default();
+        let reads = store.reads.clone();
+        let mut queue = TimerQueue::spilling(Box::new(store), false);
+        // Everything from time 1 000 000 on spills, through many rebuilds
+        // of the filter.
+        queue.set("first", "a", 1_000_000);
+        queue.spill_latest_half();
+        let spilled = 20_000;
+        for id in 0..spilled {
+            queue.set(&format!("late-{id}"), "a", 2_000_000 + id);
+        }
+        assert_eq!(queue.spilled(), spilled as usize + 1);
+        let reads_before = reads.load(std::sync::atomic::Ordering::Relaxed);
+        // Other keys, and the spilled keys' other name: next to no reads.
+        for id in 0..spilled {
+            assert_eq!(queue.get(&format!("new-{id}"), "a"), None);
+            assert_eq!(queue.get(&format!("late-{id}"), "b"), None);
+        }
+        let wasted = reads.load(std::sync::atomic::Ordering::Relaxed) - reads_before;
+        assert!(
+            wasted < spilled as usize / 25,
+            "{wasted} reads for no timer"
+        );
+        // Every spilled timer is still found and fires in order.
+        for id in (0..spilled).step_by(97) {
+            assert_eq!(queue.get(&format!("late-{id}"), "a"), Some(2_000_000 + id));
+        }
+        let fired: Vec<i64> = std::iter::from_fn(|| queue.pop_due(i64::MAX, 1 << 20))
+            .map(|entry| entry.time)
+            .collect();
+        assert_eq!(fired.len(), spilled as usize + 1);
+        assert!(fired.windows(2).all(|pair| pair[0] <= pair[1]));
+        // Emptied: the filter starts over.
+        let spill = queue.spill.as_ref().unwrap();
+        assert_eq!(spill.count, 0);
+        assert!(!spill.filter.may_contain("late-0", "a"));
+    }
+
     #[test]
     fn wall_clock_and_event_time_timers_share_one_budget() {
         let budget = 10 * timer_bytes("k0");
@@ -680,6 +801,9 @@ mod tests {
                 anyhow::bail!("disk gone")
             }
             fn forget(&mut self, _: &str, _: &str) -> anyhow::Result<()> {
+                anyhow::bail!("disk gone")
+            }
+            fn for_each_spilled(&self, _: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
                 anyhow::bail!("disk gone")
             }
             fn take_earliest(

@@ -21,6 +21,10 @@ pub trait SpillStore: Send {
     /// without reading its time: its entry in firing order is left stale.
     fn forget(&mut self, key: &str, name: &str) -> anyhow::Result<()>;
 
+    /// Calls `each` with the key and name of every spilled timer (the
+    /// index by key), in no particular order.
+    fn for_each_spilled(&self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()>;
+
     /// Offers the spilled timers to `take` in firing order (time, key, name),
     /// removing each it accepts; stops at the first it declines. Entries in
     /// firing order that the index by key no longer has at that time (stale)
@@ -65,6 +69,13 @@ pub(crate) mod memory {
             let known = self.by_key.remove(&(key.into(), name.into()));
             anyhow::ensure!(known == Some(time), "{key}/{name} is not spilled at {time}");
             self.by_time.remove(&(time, key.into(), name.into()));
+            Ok(())
+        }
+
+        fn for_each_spilled(&self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
+            for (key, name) in self.by_key.keys() {
+                each(key, name);
+            }
             Ok(())
         }
 
