@@ -57,13 +57,16 @@ def fold(data, folded):
 
 def flame_graph(folded, svg, title):
     with open(folded) as stacks, open(svg, "w") as out:
-        subprocess.run([inferno("inferno-flamegraph"), "--title", title, "--width", "1600"],
+        subprocess.run([inferno("inferno-flamegraph"), "--title", title, "--width", "1600",
+                        "--minwidth", "1.0"],
                        stdin=stacks, stdout=out, check=True)
 
 
 def shares(folded, top=30):
     """Each function's inclusive share of the samples (a function counted
-    once per stack), and each thread's, largest first."""
+    once per stack), and each thread's, largest first. Samples weigh their
+    period: nanoseconds of CPU for perf's cpu-clock event (a machine without
+    hardware counters, such as a VM)."""
     total, functions, threads = 0, collections.Counter(), collections.Counter()
     for line in pathlib.Path(folded).read_text().splitlines():
         stack, _, count = line.rpartition(" ")

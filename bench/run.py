@@ -615,7 +615,7 @@ def tables(results):
     for p in results.get("profiles", []):
         if not p.get("ok"):
             continue
-        lines += ["", f"CPU profile of ours, {p['use_case']} ({p['shape']}): {p['samples']} samples at "
+        lines += ["", f"CPU profile of ours, {p['use_case']} ({p['shape']}): {p['samples']} ns of CPU sampled at "
                   f"{perf_profile.HZ} Hz (`perf record --call-graph dwarf`), flame graph {p['svg']}; "
                   "inclusive shares of the samples:", "",
                   "| thread | share |", "| --- | --- |"]

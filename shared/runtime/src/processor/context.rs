@@ -241,6 +241,16 @@ impl<P: Processor> Context<'_, P> {
         self.timers.get(TimeDomain::EventTime, key, name.name())
     }
 
+    /// Whether the event-time timer `name` of `key` may be set: `false` is
+    /// certain, `true` may be wrong for a timer spilled beyond memory (a
+    /// filter answers, where [`timer`](Self::timer) reads RocksDB). For a
+    /// processor whose timers follow from its state, a test before reading
+    /// that state that costs no read when there is none.
+    pub fn may_have_timer(&self, key: &str, name: P::Timers) -> bool {
+        self.timers
+            .may_be_set(TimeDomain::EventTime, key, name.name())
+    }
+
     /// Sets the wall-clock timer `name` of `key` to fire once [`now`](Self::now)
     /// reaches `at` (epoch milliseconds), like Kafka Streams' `WALL_CLOCK_TIME`
     /// punctuation; replaces any earlier setting.

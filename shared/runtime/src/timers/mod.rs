@@ -153,6 +153,12 @@ impl TaskTimers {
         self.queue(domain).get(key, name)
     }
 
+    /// Whether timer `name` of `key` in `domain` may be set (see
+    /// [`TimerQueue::may_be_set`]).
+    pub fn may_be_set(&self, domain: TimeDomain, key: &str, name: &str) -> bool {
+        self.queue(domain).may_be_set(key, name)
+    }
+
     /// Sets timer `name` of `key` in `domain` to `time`; returns the time
     /// it replaced.
     pub fn set(

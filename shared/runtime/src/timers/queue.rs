@@ -223,6 +223,20 @@ impl TimerQueue {
         })
     }
 
+    /// Whether timer `name` of `key` may be set: `false` is certain, `true`
+    /// is exact for a timer in memory and may be wrong for a spilled one
+    /// (the spill filter answers, without reading the store).
+    pub fn may_be_set(&self, key: &str, name: &str) -> bool {
+        self.get_in_memory(key, name).is_some()
+            || self.spill.as_ref().is_some_and(|spill| {
+                spill.count > 0
+                    && match &*spill.last_lookup.borrow() {
+                        Some(last) if last.key == key && last.name == name => last.time.is_some(),
+                        _ => spill.filter.may_contain(key, name),
+                    }
+            })
+    }
+
     /// Sets timer `name` of `key` to `time`; returns the time it replaced.
     pub fn set(&mut self, key: &str, name: &'static str, time: i64) -> Option<i64> {
         let Some(horizon) = self.spill.as_ref().and_then(|spill| spill.horizon.as_ref()) else {
@@ -754,12 +768,24 @@ mod tests {
         );
         // Every spilled timer is still found and fires in order.
         for id in (0..spilled).step_by(97) {
+            assert!(queue.may_be_set(&format!("late-{id}"), "a"));
             assert_eq!(queue.get(&format!("late-{id}"), "a"), Some(2_000_000 + id));
         }
+        let reads_before = reads.load(std::sync::atomic::Ordering::Relaxed);
+        let maybe = (0..spilled)
+            .filter(|id| queue.may_be_set(&format!("new-{id}"), "a"))
+            .count();
+        assert!(maybe < spilled as usize / 25, "{maybe} maybes for no timer");
+        assert_eq!(
+            reads.load(std::sync::atomic::Ordering::Relaxed),
+            reads_before
+        );
+        queue.set("soon", "a", 10);
+        assert!(queue.may_be_set("soon", "a"), "in memory");
         let fired: Vec<i64> = std::iter::from_fn(|| queue.pop_due(i64::MAX, 1 << 20))
             .map(|entry| entry.time)
             .collect();
-        assert_eq!(fired.len(), spilled as usize + 1);
+        assert_eq!(fired.len(), spilled as usize + 2);
         assert!(fired.windows(2).all(|pair| pair[0] <= pair[1]));
         // Emptied: the filter starts over.
         let spill = queue.spill.as_ref().unwrap();
