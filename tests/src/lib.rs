@@ -76,6 +76,12 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The value of flag `name` in a service's `arguments`, which must hold it.
+pub fn flag<'a>(arguments: &'a [String], name: &str) -> &'a str {
+    let at = arguments.iter().position(|argument| argument == name);
+    &arguments[at.expect("the flag is given") + 1]
+}
+
 /// A name no other test (or run) uses.
 pub fn unique(prefix: &str) -> String {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);

@@ -3,6 +3,7 @@
 //! of its own) is granted exactly what the service lists for the run's
 //! topics and application id, and the service runs with exact output;
 //! granted all but one, it stops within a minute, naming what it lacks.
+//! What a reset lists (`<service> acls --for reset`) is enough to reset it.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -34,10 +35,16 @@ struct Grant {
 
 /// What `service acls` lists for `arguments`, one grant per operation.
 fn listed_grants(service: &str, arguments: &[String]) -> Vec<Grant> {
+    listed_grants_for(service, arguments, "run")
+}
+
+/// [`listed_grants`] for `purpose` (`acls --for`).
+fn listed_grants_for(service: &str, arguments: &[String], purpose: &str) -> Vec<Grant> {
     let output = std::process::Command::new(bin(service))
         .arg("acls")
         .args(arguments)
         .args(["--principal", &format!("User:{PROBE}"), "--format", "json"])
+        .args(["--for", purpose])
         .output()
         .expect("run the service binary");
     assert!(output.status.success(), "{output:?}");
@@ -125,6 +132,51 @@ fn the_listed_acls_run_the_joiner() {
     let _one = serialized();
     let service = fixture_runs::order_shipment_joiner_on(&ExactlyListed);
     cluster::assert_no_password(&service.log(), "the log");
+}
+
+/// The joiner runs on the example data as its own user; then the probe
+/// user, granted exactly what `acls --for reset` lists, resets it: the
+/// internal topics deleted and the offsets of the input and the
+/// repartition topic committed anew.
+#[test]
+fn the_listed_reset_acls_reset_the_joiner() {
+    let _one = serialized();
+    let recording = fixture_runs::Recording::default();
+    let service = fixture_runs::order_shipment_joiner_on(&recording);
+    let (binary, arguments) = recording.last();
+    let application_id = flag(&arguments, "--application-id").to_string();
+    assert!(service.stop().success());
+    grant(&listed_grants_for(binary, &arguments, "reset"));
+    let state_dir = scratch_dir().join(unique("reset-state"));
+    let output = std::process::Command::new(bin(binary))
+        .arg("reset")
+        .args(&arguments)
+        .args(cluster::flags(PROBE))
+        .args(["--to-earliest", "--state-dir", state_dir.to_str().unwrap()])
+        .output()
+        .expect("run the service binary");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stderr}\n{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "Consumer group {application_id}: offsets committed"
+        )),
+        "{stdout}"
+    );
+    let repartition = format!("{application_id}-shipments-by-order-repartition");
+    assert!(
+        stdout.contains(&format!("  {repartition} partition 0: ")),
+        "the repartition topic's offsets:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("Deleted: internal topics")
+            && stdout.contains(&format!("\n  {repartition}\n")),
+        "{stdout}"
+    );
+    cluster::assert_no_password(&format!("{stdout}{stderr}"), "the reset's output");
 }
 
 #[test]

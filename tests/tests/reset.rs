@@ -130,11 +130,6 @@ fn state_entries(dir: &Path) -> Vec<String> {
     entries
 }
 
-fn flag<'a>(arguments: &'a [String], name: &str) -> &'a str {
-    let at = arguments.iter().position(|argument| argument == name);
-    &arguments[at.expect("the flag is given") + 1]
-}
-
 /// Runs `fixture`, then, while its service runs, a reset that must be
 /// refused; once it is stopped a dry run that changes nothing, then a
 /// reset with `--wipe-local-state`; the service started again writes its

@@ -14,8 +14,8 @@ use std::time::Duration;
 use crate::client::{redact, RedactingStderr};
 use crate::config::{LogFormat, ProcessingGuarantee, RuntimeArgs};
 use crate::describe::{
-    acl_grants, describe_stage, render_acls, AclFormat, PatternType, ServiceDescription,
-    StageDescription,
+    acl_grants, describe_stage, render_acls, AclFormat, AclPurpose, PatternType,
+    ServiceDescription, StageDescription,
 };
 use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
@@ -93,8 +93,8 @@ pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) 
                     let principal = cli
                         .principal
                         .unwrap_or_else(|| format!("User:{}", description.application_id));
-                    let grants = acl_grants(&description, cli.resource_pattern_type);
-                    render_acls(&description, &grants, &principal, cli.format)
+                    let grants = acl_grants(&description, cli.resource_pattern_type, cli.purpose);
+                    render_acls(&description, &grants, &principal, cli.purpose, cli.format)
                 })
             };
             printed.map(|text| {
@@ -125,7 +125,7 @@ enum DescribeFormat {
     Json,
 }
 
-/// `<service> acls [--principal] [--format] <service flags>`.
+/// `<service> acls [--principal] [--format] [--for run|reset] <service flags>`.
 #[derive(Parser)]
 struct AclsCli<S: Args> {
     #[command(flatten)]
@@ -139,6 +139,10 @@ struct AclsCli<S: Args> {
     /// Name input and output topics exactly (`literal`) or as prefixes.
     #[arg(long, value_enum, default_value = "literal")]
     resource_pattern_type: PatternType,
+    /// The ACLs to run the service (`run`), or to reset it with
+    /// `<service> reset` (`reset`).
+    #[arg(long = "for", value_enum, default_value = "run")]
+    purpose: AclPurpose,
 }
 
 /// `<service> reset [--to-earliest|--to-latest|--to-datetime|--by-duration|--shift-by]

@@ -4,9 +4,9 @@
 //! `Topology#describe()`), and the ACLs that follow from them.
 //!
 //! A service binary prints both: `<service> describe [--format text|json]`
-//! and `<service> acls [--principal User:NAME] [--format kafka-acls|strimzi|json]`,
-//! followed by the flags it runs with (topic names and the application id
-//! are flags).
+//! and `<service> acls [--principal User:NAME] [--format kafka-acls|strimzi|json]
+//! [--for run|reset]`, followed by the flags it runs with (topic names and
+//! the application id are flags).
 
 use std::fmt::Write as _;
 
@@ -286,6 +286,16 @@ pub enum PatternType {
     Prefixed,
 }
 
+/// What the principal of the ACLs does with the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AclPurpose {
+    /// Runs the service.
+    Run,
+    /// Runs `<service> reset`: usually an operator, not the service's user.
+    Reset,
+}
+
 /// A Kafka resource type an ACL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum ResourceType {
@@ -321,7 +331,15 @@ pub struct AclGrant {
 /// Describe is implied by each of these, and nothing is needed on the
 /// cluster (idempotent producers need Write on a topic only, KIP-679).
 /// With `pattern` `Prefixed`, input and output topics are prefixes too.
-pub fn acl_grants(description: &ServiceDescription, pattern: PatternType) -> Vec<AclGrant> {
+/// For [`AclPurpose::Reset`], those of [`reset_grants`] instead.
+pub fn acl_grants(
+    description: &ServiceDescription,
+    pattern: PatternType,
+    purpose: AclPurpose,
+) -> Vec<AclGrant> {
+    if purpose == AclPurpose::Reset {
+        return reset_grants(description, pattern);
+    }
     let app = &description.application_id;
     let mut grants: Vec<AclGrant> = description
         .input_topics()
@@ -376,6 +394,48 @@ pub fn acl_grants(description: &ServiceDescription, pattern: PatternType) -> Vec
     grants
 }
 
+/// The ACLs `<service> reset` needs (`crate::reset`), for a principal that
+/// holds none of the service's own:
+///
+/// * Read on each input topic: its offsets are looked up and committed
+///   anew (an offset commit needs Read on the topic and on the group);
+/// * Read and Delete on the topics prefixed `<application-id>-`: the
+///   internal topics are deleted, and the offsets of the repartition and
+///   stage-link topics committed;
+/// * Read on the groups prefixed `<application-id>`: they are described
+///   (a reset refuses while one has members) and their offsets committed.
+///
+/// Output and dead-letter topics are kept and not touched.
+fn reset_grants(description: &ServiceDescription, pattern: PatternType) -> Vec<AclGrant> {
+    let app = &description.application_id;
+    let mut grants: Vec<AclGrant> = description
+        .input_topics()
+        .into_iter()
+        .map(|topic| AclGrant {
+            resource_type: ResourceType::Topic,
+            name: topic,
+            pattern_type: pattern,
+            operations: vec!["Read"],
+            reason: "input: its offsets committed anew",
+        })
+        .collect();
+    grants.push(AclGrant {
+        resource_type: ResourceType::Topic,
+        name: format!("{app}-"),
+        pattern_type: PatternType::Prefixed,
+        operations: vec!["Delete", "Read"],
+        reason: "internal topics: deleted, the offsets of repartition and stage links committed",
+    });
+    grants.push(AclGrant {
+        resource_type: ResourceType::Group,
+        name: app.clone(),
+        pattern_type: PatternType::Prefixed,
+        operations: vec!["Read"],
+        reason: "consumer groups: described, their offsets committed",
+    });
+    grants
+}
+
 /// How `acls` prints them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AclFormat {
@@ -391,14 +451,19 @@ pub fn render_acls(
     description: &ServiceDescription,
     grants: &[AclGrant],
     principal: &str,
+    purpose: AclPurpose,
     format: AclFormat,
 ) -> anyhow::Result<String> {
     let mut out = String::new();
+    let of = match purpose {
+        AclPurpose::Run => "ACLs of",
+        AclPurpose::Reset => "ACLs of a reset of",
+    };
     match format {
         AclFormat::KafkaAcls => {
             let _ = writeln!(
                 out,
-                "# ACLs of {} (application id {}) for {principal}; \
+                "# {of} {} (application id {}) for {principal}; \
                  set BOOTSTRAP and ADMIN_CONFIG (an admin's client properties) first.",
                 description.service, description.application_id
             );
@@ -431,7 +496,7 @@ pub fn render_acls(
             let user = principal.strip_prefix("User:").unwrap_or(principal);
             let _ = writeln!(
                 out,
-                "# ACLs of {} (application id {}).",
+                "# {of} {} (application id {}).",
                 description.service, description.application_id
             );
             let _ = writeln!(out, "apiVersion: kafka.strimzi.io/v1beta2");
@@ -463,6 +528,7 @@ pub fn render_acls(
                 "service": description.service,
                 "application_id": description.application_id,
                 "principal": principal,
+                "for": purpose,
                 "acls": grants,
             }))?;
             out.push('\n');
