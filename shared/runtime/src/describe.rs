@@ -341,55 +341,36 @@ pub fn acl_grants(
         return reset_grants(description, pattern);
     }
     let app = &description.application_id;
-    let mut grants: Vec<AclGrant> = description
-        .input_topics()
-        .into_iter()
-        .map(|topic| AclGrant {
-            resource_type: ResourceType::Topic,
-            name: topic,
-            pattern_type: pattern,
-            operations: vec!["Read"],
-            reason: "input",
-        })
-        .collect();
-    grants.extend(
-        description
-            .output_topics()
-            .into_iter()
-            .map(|topic| AclGrant {
-                resource_type: ResourceType::Topic,
-                name: topic,
-                pattern_type: pattern,
-                operations: vec!["Create", "Write"],
-                reason: "output, created if missing",
-            }),
-    );
-    grants.push(AclGrant {
-        resource_type: ResourceType::Topic,
-        name: format!("{app}-"),
-        pattern_type: PatternType::Prefixed,
-        operations: vec!["Create", "Read", "Write"],
-        reason: "internal topics: changelogs, repartition and stage links, dead letters",
-    });
-    grants.push(AclGrant {
-        resource_type: ResourceType::Group,
-        name: app.clone(),
-        pattern_type: PatternType::Prefixed,
-        operations: vec!["Read"],
-        reason: "consumer groups of the stages and of the changelog readers",
-    });
+    let mut grants = AclGrant::topics(description.input_topics(), pattern, &["Read"], "input");
+    grants.extend(AclGrant::topics(
+        description.output_topics(),
+        pattern,
+        &["Create", "Write"],
+        "output, created if missing",
+    ));
+    grants.push(AclGrant::prefixed(
+        ResourceType::Topic,
+        format!("{app}-"),
+        &["Create", "Read", "Write"],
+        "internal topics: changelogs, repartition and stage links, dead letters",
+    ));
+    grants.push(AclGrant::prefixed(
+        ResourceType::Group,
+        app.clone(),
+        &["Read"],
+        "consumer groups of the stages and of the changelog readers",
+    ));
     if description
         .stages
         .iter()
         .any(|stage| stage.transactional_id.is_some())
     {
-        grants.push(AclGrant {
-            resource_type: ResourceType::TransactionalId,
-            name: format!("{app}-"),
-            pattern_type: PatternType::Prefixed,
-            operations: vec!["Write"],
-            reason: "exactly-once transactions",
-        });
+        grants.push(AclGrant::prefixed(
+            ResourceType::TransactionalId,
+            format!("{app}-"),
+            &["Write"],
+            "exactly-once transactions",
+        ));
     }
     grants
 }
@@ -408,32 +389,62 @@ pub fn acl_grants(
 /// Output and dead-letter topics are kept and not touched.
 fn reset_grants(description: &ServiceDescription, pattern: PatternType) -> Vec<AclGrant> {
     let app = &description.application_id;
-    let mut grants: Vec<AclGrant> = description
-        .input_topics()
-        .into_iter()
-        .map(|topic| AclGrant {
-            resource_type: ResourceType::Topic,
-            name: topic,
-            pattern_type: pattern,
-            operations: vec!["Read"],
-            reason: "input: its offsets committed anew",
-        })
-        .collect();
-    grants.push(AclGrant {
-        resource_type: ResourceType::Topic,
-        name: format!("{app}-"),
-        pattern_type: PatternType::Prefixed,
-        operations: vec!["Delete", "Read"],
-        reason: "internal topics: deleted, the offsets of repartition and stage links committed",
-    });
-    grants.push(AclGrant {
-        resource_type: ResourceType::Group,
-        name: app.clone(),
-        pattern_type: PatternType::Prefixed,
-        operations: vec!["Read"],
-        reason: "consumer groups: described, their offsets committed",
-    });
+    let mut grants = AclGrant::topics(
+        description.input_topics(),
+        pattern,
+        &["Read"],
+        "input: its offsets committed anew",
+    );
+    grants.push(AclGrant::prefixed(
+        ResourceType::Topic,
+        format!("{app}-"),
+        &["Delete", "Read"],
+        "internal topics: deleted, the offsets of repartition and stage links committed",
+    ));
+    grants.push(AclGrant::prefixed(
+        ResourceType::Group,
+        app.clone(),
+        &["Read"],
+        "consumer groups: described, their offsets committed",
+    ));
     grants
+}
+
+impl AclGrant {
+    /// `operations` on each of the topics `names`, named as `pattern` says.
+    fn topics(
+        names: Vec<String>,
+        pattern: PatternType,
+        operations: &[&'static str],
+        reason: &'static str,
+    ) -> Vec<AclGrant> {
+        (names.into_iter())
+            .map(|name| AclGrant {
+                resource_type: ResourceType::Topic,
+                name,
+                pattern_type: pattern,
+                operations: operations.to_vec(),
+                reason,
+            })
+            .collect()
+    }
+
+    /// `operations` on every resource of `resource_type` whose name starts
+    /// with `prefix`.
+    fn prefixed(
+        resource_type: ResourceType,
+        prefix: String,
+        operations: &[&'static str],
+        reason: &'static str,
+    ) -> AclGrant {
+        AclGrant {
+            resource_type,
+            name: prefix,
+            pattern_type: PatternType::Prefixed,
+            operations: operations.to_vec(),
+            reason,
+        }
+    }
 }
 
 /// How `acls` prints them.
