@@ -118,17 +118,23 @@ impl Horizon {
 impl Spill {
     /// The time of the spilled timer `name` of `key`, if it is spilled.
     fn lookup(&self, key: &str, name: &str) -> anyhow::Result<Option<i64>> {
-        if let Some(last) = &*self.last_lookup.borrow() {
-            if last.key == key && last.name == name {
-                return Ok(last.time);
-            }
-        }
-        if !self.filter.may_contain(key, name) {
-            return Ok(None);
+        if let Some(known) = self.known(key, name) {
+            return Ok(known);
         }
         let time = self.store.get(key, name)?;
         self.remember(key, name, time);
         Ok(time)
+    }
+
+    /// What is known of the spilled timer `name` of `key` without reading
+    /// the store: the last lookup's answer, or none if the filter rules it out.
+    fn known(&self, key: &str, name: &str) -> Option<Option<i64>> {
+        if let Some(last) = &*self.last_lookup.borrow() {
+            if last.key == key && last.name == name {
+                return Some(last.time);
+            }
+        }
+        (!self.filter.may_contain(key, name)).then_some(None)
     }
 
     /// Notes that the spilled timer `name` of `key` is at `time` (or none).
@@ -152,20 +158,12 @@ impl Spill {
     }
 
     /// Builds the filter again from the store's timers, sized for twice as
-    /// many; on a failed read the old filter, which holds them all, stays.
+    /// many as it counts (stale entries included: an upper bound); on a
+    /// failed read the old filter, which holds them all, stays.
     fn rebuild_filter(&mut self) {
-        let mut spilled = Vec::new();
-        let listed = self.store.for_each_spilled(&mut |key, name| {
-            spilled.push((Box::<str>::from(key), Box::<str>::from(name)));
-        });
-        match listed {
-            Ok(()) => {
-                let mut filter = SpillFilter::with_capacity(2 * spilled.len());
-                for (key, name) in &spilled {
-                    filter.insert(key, name);
-                }
-                self.filter = filter;
-            }
+        let mut filter = SpillFilter::with_capacity(2 * self.count);
+        match (self.store).for_each_spilled(&mut |key, name| filter.insert(key, name)) {
+            Ok(()) => self.filter = filter,
             Err(error) => self.record(error),
         }
     }
@@ -229,11 +227,7 @@ impl TimerQueue {
     pub fn may_be_set(&self, key: &str, name: &str) -> bool {
         self.get_in_memory(key, name).is_some()
             || self.spill.as_ref().is_some_and(|spill| {
-                spill.count > 0
-                    && match &*spill.last_lookup.borrow() {
-                        Some(last) if last.key == key && last.name == name => last.time.is_some(),
-                        _ => spill.filter.may_contain(key, name),
-                    }
+                spill.count > 0 && spill.known(key, name).is_none_or(|known| known.is_some())
             })
     }
 
