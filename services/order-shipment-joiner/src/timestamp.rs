@@ -2,16 +2,35 @@
 //! prints it, without a calendar dependency.
 
 /// Formats epoch seconds as `yyyy-MM-dd HH:mm:ss` (UTC, proleptic Gregorian).
+/// Digit by digit: every joined row formats two, and `format!` cost 4 % of
+/// the processing thread's time.
 pub fn format_utc(epoch_seconds: i64) -> String {
     let days = epoch_seconds.div_euclid(86_400);
     let seconds_of_day = epoch_seconds.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+    let (hour, minute, second) = (
         seconds_of_day / 3600,
         seconds_of_day % 3600 / 60,
-        seconds_of_day % 60
-    )
+        seconds_of_day % 60,
+    );
+    if !(0..=9999).contains(&year) {
+        return format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}");
+    }
+    let mut text = String::with_capacity(19);
+    let mut push = |value: i64, digits: u32, then: Option<char>| {
+        for place in (0..digits).rev() {
+            let digit = (value / 10_i64.pow(place) % 10) as u8;
+            text.push(char::from(b'0' + digit));
+        }
+        text.extend(then);
+    };
+    push(year, 4, Some('-'));
+    push(i64::from(month), 2, Some('-'));
+    push(i64::from(day), 2, Some(' '));
+    push(hour, 2, Some(':'));
+    push(minute, 2, Some(':'));
+    push(second, 2, None);
+    text
 }
 
 /// Year, month and day of a day count since 1970-01-01 (Howard Hinnant's
@@ -49,5 +68,12 @@ mod tests {
         assert_eq!(format_utc(0), "1970-01-01 00:00:00");
         assert_eq!(format_utc(951_782_400), "2000-02-29 00:00:00");
         assert_eq!(format_utc(-1), "1969-12-31 23:59:59");
+    }
+
+    #[test]
+    fn years_beyond_four_digits_are_printed_whole() {
+        assert_eq!(format_utc(253_402_300_799), "9999-12-31 23:59:59");
+        assert_eq!(format_utc(253_402_300_800), "10000-01-01 00:00:00");
+        assert_eq!(format_utc(-62_167_219_201), "-001-12-31 23:59:59");
     }
 }

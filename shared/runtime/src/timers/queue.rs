@@ -724,7 +724,7 @@ mod tests {
         fn forget(&mut self, key: &str, name: &str) -> anyhow::Result<()> {
             self.inner.forget(key, name)
         }
-        fn for_each_spilled(&self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
+        fn for_each_spilled(&mut self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
             self.inner.for_each_spilled(each)
         }
         fn take_earliest(
@@ -823,7 +823,7 @@ mod tests {
             fn forget(&mut self, _: &str, _: &str) -> anyhow::Result<()> {
                 anyhow::bail!("disk gone")
             }
-            fn for_each_spilled(&self, _: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
+            fn for_each_spilled(&mut self, _: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
                 anyhow::bail!("disk gone")
             }
             fn take_earliest(

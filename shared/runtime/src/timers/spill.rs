@@ -23,7 +23,7 @@ pub trait SpillStore: Send {
 
     /// Calls `each` with the key and name of every spilled timer (the
     /// index by key), in no particular order.
-    fn for_each_spilled(&self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()>;
+    fn for_each_spilled(&mut self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()>;
 
     /// Offers the spilled timers to `take` in firing order (time, key, name),
     /// removing each it accepts; stops at the first it declines. Entries in
@@ -72,7 +72,7 @@ pub(crate) mod memory {
             Ok(())
         }
 
-        fn for_each_spilled(&self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
+        fn for_each_spilled(&mut self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
             for (key, name) in self.by_key.keys() {
                 each(key, name);
             }
