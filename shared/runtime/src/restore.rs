@@ -254,7 +254,8 @@ impl Restorer {
         }
     }
 
-    /// Reads the assigned changelogs to their ends into `store`, in batches.
+    /// Reads the assigned changelogs to their ends into `store`, in batches,
+    /// each written while the next is read.
     fn read_all(
         &self,
         store: &mut TaskStore,
@@ -263,7 +264,8 @@ impl Restorer {
         shutdown: &AtomicBool,
     ) -> anyhow::Result<()> {
         let mut batch = store.restore_batch();
-        let mut last_progress = Instant::now();
+        // Progress is timed at the first empty poll after it, not per record.
+        let (mut last_progress, mut progressed) = (Instant::now(), false);
         while pending.iter().any(|changelog| !changelog.done) {
             if shutdown.load(Ordering::Relaxed) {
                 let restored: u64 = pending.iter().map(|changelog| changelog.restored).sum();
@@ -273,7 +275,7 @@ impl Restorer {
             }
             match self.consumer.poll(Duration::from_millis(10)) {
                 Some(Ok(message)) => {
-                    last_progress = Instant::now();
+                    progressed = true;
                     let Some(changelog) = pending
                         .iter_mut()
                         .find(|changelog| changelog.topic == message.topic())
@@ -303,16 +305,20 @@ impl Restorer {
                     changelog.next = message.offset() + 1;
                     changelog.done = changelog.next >= changelog.end;
                     if batch.records() >= RESTORE_BATCH {
-                        store
-                            .write_restored(std::mem::replace(&mut batch, store.restore_batch()))?;
+                        let full = std::mem::replace(&mut batch, store.restore_batch());
+                        store.write_restored_behind(full)?;
                         self.report(pending, partition);
                     }
                 }
                 Some(Err(error)) => {
                     tracing::warn!(%error, partition, "error while restoring; retrying");
                 }
-                None if last_progress.elapsed() >= IDLE_END => break,
                 None => {
+                    if std::mem::take(&mut progressed) {
+                        last_progress = Instant::now();
+                    } else if last_progress.elapsed() >= IDLE_END {
+                        break;
+                    }
                     for changelog in pending.iter_mut() {
                         changelog.done |= self.reached(changelog.topic, partition, changelog.end);
                     }

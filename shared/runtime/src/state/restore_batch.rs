@@ -61,8 +61,10 @@ impl RestoreBatch {
     ) -> impl Iterator<Item = (StoreIndex, &[u8], Option<&[u8]>)> {
         let bytes = &self.bytes;
         let sort_key = |record: &Restored| (record.store, &bytes[record.key.clone()]);
-        // Stable: a key's records stay in changelog order.
-        self.records.sort_by(|a, b| sort_key(a).cmp(&sort_key(b)));
+        // A key's records stay in changelog order: their bytes are in it.
+        self.records.sort_unstable_by(|a, b| {
+            (sort_key(a).cmp(&sort_key(b))).then(a.key.start.cmp(&b.key.start))
+        });
         let records = &self.records;
         records
             .iter()

@@ -11,7 +11,8 @@ use super::{empty_layers, family, Change, Changes, RestoreBatch, TaskStore, CHEC
 use crate::state::StoreIndex;
 
 /// A commit's changes on their way into RocksDB, shared with the writer
-/// until it is done.
+/// until it is done (none for a batch of restored records, which the
+/// writer owns).
 pub(super) struct Applying {
     pub(super) changes: Arc<Vec<Changes>>,
     /// The changelog offset each changed store reaches with them.
@@ -151,23 +152,47 @@ impl TaskStore {
     }
 
     /// Writes restored changelog records straight to RocksDB, in one write
-    /// with the offsets they reach. Used only while the task is restoring
-    /// (nothing uncommitted).
-    pub fn write_restored(&mut self, mut restored: RestoreBatch) -> anyhow::Result<()> {
+    /// with the offsets they reach, and waits for it. Used only while the
+    /// task is restoring (nothing uncommitted).
+    pub fn write_restored(&mut self, restored: RestoreBatch) -> anyhow::Result<()> {
+        self.write_restored_behind(restored)?;
         self.finish_applying()?;
-        let families: Vec<_> = (0..self.names.len()).map(|s| self.family(s)).collect();
-        let mut batch = WriteBatch::default();
-        for (store, key, value) in restored.in_key_order() {
-            match value {
-                Some(value) => batch.put_cf(families[store], key, value),
-                None => batch.delete_cf(families[store], key),
-            }
-        }
-        let reached = restored.checkpoints.iter().enumerate();
-        let reached = reached.filter_map(|(store, offset)| offset.map(|offset| (store, offset)));
-        put_checkpoints(&mut batch, &self.db, &self.names, reached);
-        self.db.write(batch)?;
         self.cache.clear();
+        Ok(())
+    }
+
+    /// Hands restored changelog records to a state writer, which writes
+    /// them like [`Self::write_restored`] while the caller reads the next
+    /// ones; the call after waits for it. The last batch of a restore goes
+    /// through [`Self::write_restored`].
+    pub fn write_restored_behind(&mut self, mut restored: RestoreBatch) -> anyhow::Result<()> {
+        self.finish_applying()?;
+        // Whatever was read before these records is older than they are.
+        self.cache.clear();
+        let checkpoints: Vec<(StoreIndex, i64)> = (restored.checkpoints.iter().enumerate())
+            .filter_map(|(store, offset)| offset.map(|offset| (store, offset)))
+            .collect();
+        let written = self.writers.run({
+            let (db, names) = (self.db.clone(), self.names.clone());
+            let checkpoints = checkpoints.clone();
+            move || {
+                let families: Vec<_> = names.iter().map(|name| family(&db, name)).collect();
+                let mut batch = WriteBatch::default();
+                for (store, key, value) in restored.in_key_order() {
+                    match value {
+                        Some(value) => batch.put_cf(families[store], key, value),
+                        None => batch.delete_cf(families[store], key),
+                    }
+                }
+                put_checkpoints(&mut batch, &db, &names, checkpoints);
+                Ok(db.write(batch)?)
+            }
+        });
+        self.applying = Some(Applying {
+            changes: Arc::new(empty_layers(self.names.len())),
+            checkpoints,
+            written,
+        });
         Ok(())
     }
 }
