@@ -62,6 +62,14 @@ impl<V> Layer<V> {
         }
     }
 
+    /// Keeps only the entries `keep` says to keep.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8], &V) -> bool) {
+        match self {
+            Layer::Hashed(map) => map.retain(|key, value| keep(key, value)),
+            Layer::Sorted(map) => map.retain(|key, value| keep(key, value)),
+        }
+    }
+
     /// Keeps the layer in key order from now on.
     pub fn sort(&mut self) {
         if let Layer::Hashed(map) = self {

@@ -55,6 +55,15 @@ impl ReadCache {
         self.recent[store].get(key)
     }
 
+    /// Whether the cache holds `key` as absent from committed state. Unlike
+    /// [`Self::get`], this does not count as a use of the entry.
+    pub(super) fn knows_absent(&self, store: StoreIndex, key: &[u8]) -> bool {
+        match self.recent[store].get(key) {
+            Some(value) => value.is_none(),
+            None => matches!(self.older[store].get(key), Some(None)),
+        }
+    }
+
     pub(super) fn insert(&mut self, store: StoreIndex, key: Vec<u8>, value: Option<Vec<u8>>) {
         if self.recent_bytes >= self.generation_bytes() {
             std::mem::swap(&mut self.recent, &mut self.older);

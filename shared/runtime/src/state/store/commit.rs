@@ -35,7 +35,15 @@ impl TaskStore {
             self.sealed.iter().all(Changes::is_empty),
             "one commit in flight at a time"
         );
-        for overlay in &mut self.overlay {
+        let cache = &self.cache;
+        for (store, overlay) in self.overlay.iter_mut().enumerate() {
+            // A deletion of a key that committed state does not hold, as the
+            // read cache knows (created and deleted again since the last
+            // seal: a session that began and ended within one commit), is no
+            // change: no tombstone for RocksDB or the changelog.
+            overlay.retain(|key, change| {
+                !(matches!(change, Change::Deleted) && cache.knows_absent(store, key))
+            });
             for change in overlay.values_mut() {
                 if let Change::Decoded(value) = change {
                     *change = Change::Put(value.encode()?);
@@ -300,6 +308,38 @@ mod tests {
         );
         assert_eq!(reopened.checkpoint(0).unwrap(), Some(9));
         drop(reopened);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_key_created_and_deleted_between_two_seals_leaves_no_tombstone() {
+        let (mut store, dir) = temp_store(&["a"]);
+        store
+            .update(0, b"committed", |slot| *slot = Some(1_u32))
+            .unwrap();
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 1)]).unwrap();
+        // Read as absent, created, deleted: nothing to tell RocksDB.
+        let created = store.update(0, b"new", |slot: &mut Option<u32>| {
+            assert!(slot.is_none());
+            *slot = Some(1);
+        });
+        created.unwrap();
+        store.update(0, b"new", Option::<u32>::take).unwrap();
+        // Committed, then deleted: a tombstone.
+        store.update(0, b"committed", Option::<u32>::take).unwrap();
+        // Never read: whether it is committed is not known, so a tombstone.
+        store.delete(0, b"unread".to_vec());
+        store.seal().unwrap();
+        let mut sealed: Vec<(Vec<u8>, Option<Vec<u8>>)> = (store.sealed(0))
+            .map(|(key, value)| (key.to_vec(), value.map(<[u8]>::to_vec)))
+            .collect();
+        sealed.sort();
+        assert_eq!(
+            sealed,
+            [(b"committed".to_vec(), None), (b"unread".to_vec(), None)]
+        );
+        drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
