@@ -159,10 +159,18 @@ impl Processor for SensorFusion {
         let start = tumbling_start(record.event_time, self.interval);
         match self.emit {
             EmitMode::Watermark => {
-                let mut readings = match ctx.map_get(&WINDOW_READINGS, &machine, &start)? {
+                // A window has readings exactly while its end timer is set
+                // (see `derive_timers`): the first reading of a window, all
+                // of them when windows are short, costs no state read.
+                let key = window_timer_key(&machine, start);
+                let held = if ctx.may_have_timer(&key, WindowTimer::End) {
+                    ctx.map_get(&WINDOW_READINGS, &machine, &start)?
+                } else {
+                    None
+                };
+                let mut readings = match held {
                     Some(readings) => readings,
                     None => {
-                        let key = window_timer_key(&machine, start);
                         ctx.set_timer(&key, WindowTimer::End, start + self.interval);
                         WindowReadings::default()
                     }
