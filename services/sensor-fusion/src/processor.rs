@@ -47,7 +47,18 @@ streams_runtime::timer_names! {
 /// The timer key of `machine`'s window starting at `start`. NUL sorts
 /// first, so timers due at the same time fire in machine order.
 fn window_timer_key(machine: &str, start: i64) -> String {
-    format!("{machine}\0{start}")
+    let mut key = String::new();
+    write_window_timer_key(&mut key, machine, start);
+    key
+}
+
+/// [`window_timer_key`] into `key`, whose allocation is reused.
+fn write_window_timer_key(key: &mut String, machine: &str, start: i64) {
+    use std::fmt::Write;
+    key.clear();
+    key.push_str(machine);
+    key.push('\0');
+    write!(key, "{start}").expect("a String takes any text");
 }
 
 /// The machine of a [`window_timer_key`].
@@ -85,6 +96,9 @@ pub struct SensorFusion {
     temperature_threshold: f64,
     humidity_threshold: f64,
     emit: EmitMode,
+    /// The timer key of the record's window, built here for every record
+    /// without allocating.
+    timer_key: String,
 }
 
 impl SensorFusion {
@@ -94,6 +108,7 @@ impl SensorFusion {
             temperature_threshold: settings.temperature_threshold,
             humidity_threshold: settings.humidity_threshold,
             emit: settings.emit,
+            timer_key: String::new(),
         }
     }
 
@@ -162,8 +177,9 @@ impl Processor for SensorFusion {
                 // A window has readings exactly while its end timer is set
                 // (see `derive_timers`): the first reading of a window, all
                 // of them when windows are short, costs no state read.
-                let key = window_timer_key(&machine, start);
-                let held = if ctx.may_have_timer(&key, WindowTimer::End) {
+                write_window_timer_key(&mut self.timer_key, &machine, start);
+                let key = &self.timer_key;
+                let held = if ctx.may_have_timer(key, WindowTimer::End) {
                     ctx.map_get(&WINDOW_READINGS, &machine, &start)?
                 } else {
                     None
@@ -171,7 +187,7 @@ impl Processor for SensorFusion {
                 let mut readings = match held {
                     Some(readings) => readings,
                     None => {
-                        ctx.set_timer(&key, WindowTimer::End, start + self.interval);
+                        ctx.set_timer(key, WindowTimer::End, start + self.interval);
                         WindowReadings::default()
                     }
                 };

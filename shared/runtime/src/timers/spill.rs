@@ -22,7 +22,8 @@ pub trait SpillStore: Send {
     fn forget(&mut self, key: &str, name: &str) -> anyhow::Result<()>;
 
     /// Calls `each` with the key and name of every spilled timer (the
-    /// index by key), in no particular order.
+    /// index by key), in no particular order; a store that holds writes
+    /// back applies them first.
     fn for_each_spilled(&mut self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()>;
 
     /// Offers the spilled timers to `take` in firing order (time, key, name),
