@@ -189,10 +189,11 @@ pub fn produce_with(topic: &str, schema_topic: &str, lines: &[Value], flags: &[&
 ///
 /// `streamctl produce` writes the file in one transaction; one that was
 /// rolled back (a partition leader lost mid-write, in the cluster tests)
-/// wrote nothing, and neither did one that could not reach the cluster at
-/// its start (every broker it knows restarting or refusing, for a moment,
-/// in the cluster tests), so the whole file is produced again, as a user
-/// would.
+/// wrote nothing, and neither did one that could not reach the cluster or
+/// read the topic's metadata at its start (every broker it knows
+/// restarting or refusing, or a metadata request sent to the broker just
+/// killed, in the cluster tests), so the whole file is produced again, as
+/// a user would.
 pub fn produce_file(topic: &str, schema_topic: &str, file: &Path) {
     produce_file_with(topic, schema_topic, file, &[]);
 }
@@ -220,7 +221,14 @@ pub fn produce_file_as(topic: &str, schema: &Path, file: &Path, flags: &[&str]) 
         if output.status.success() {
             return;
         }
-        if !stderr.contains("nothing was committed") && !stderr.contains("cannot reach Kafka") {
+        let wrote_nothing = [
+            "nothing was committed",
+            "cannot reach Kafka",
+            "cannot describe topic",
+        ]
+        .iter()
+        .any(|transient| stderr.contains(transient));
+        if !wrote_nothing {
             panic!("streamctl {args:?} failed: {stderr}");
         }
         eprintln!("streamctl produce wrote nothing, producing again: {stderr}");

@@ -36,12 +36,16 @@ fn produce_edits(run: &SingleInputRun, edits: &[Edit]) {
 }
 
 /// No commit of `service` was aborted, and none of its transactions stayed
-/// open for half the timeout.
+/// open as long as the timeout. (The coordinator checks for timed-out
+/// transactions only every few seconds, so one that outlived its timeout
+/// may still have committed.) The bound is the timeout itself, not less:
+/// a transaction of this test stayed open 6.2 s once, on two cores shared
+/// with a three-broker cluster starting up.
 fn assert_no_aborted_commit(service: &Service) {
     service.assert_no_aborted_commit();
     let longest = service.metric("streams_transaction_open_seconds_max");
     assert!(
-        longest < TRANSACTION_TIMEOUT.as_secs_f64() / 2.0,
+        longest < TRANSACTION_TIMEOUT.as_secs_f64(),
         "a transaction stayed open {longest} s:\n{}",
         service.log()
     );

@@ -31,6 +31,23 @@ fn query(port: u16, path: &str, token: Option<&str>) -> Option<(u16, Value)> {
     ask(stream, path, token)
 }
 
+/// [`query`] as a client honouring `Retry-After` would: asked again while
+/// the answer is 503 (a partition moving between instances, as when the
+/// second instance joins after the first has answered everything) or does
+/// not come, for up to a minute; the first other answer.
+fn query_settled(port: u16, path: &str, token: Option<&str>) -> (u16, Value) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match query(port, path, token) {
+            Some((status, body)) if status != 503 => return (status, body),
+            answer if Instant::now() >= deadline => {
+                panic!("{path}: nothing but 503 or no answer for 60 s; the last: {answer:?}")
+            }
+            _ => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}
+
 /// [`query`] over TLS, trusting `ca` (PEM).
 fn query_tls(port: u16, path: &str, ca: &[u8]) -> Option<(u16, Value)> {
     let connector = native_tls::TlsConnector::builder()
@@ -200,7 +217,7 @@ fn check_keys(
     let mut served_by = std::collections::BTreeSet::new();
     for (key, value) in expected {
         let path = format!("/stores/main/{store}/keys/{}", percent(key));
-        let (status, body) = query(port, &path, token).expect("an answer");
+        let (status, body) = query_settled(port, &path, token);
         assert_eq!(status, 200, "{key}: {body}");
         assert_eq!(body["value"], *value, "{key}: {body}");
         assert_eq!(body["key"], key.as_str());
@@ -212,12 +229,11 @@ fn check_keys(
         assert_eq!(body["lag"], 0, "{body}");
         served_by.insert(body["served_by"]["instance"].as_str().unwrap().to_string());
     }
-    let (status, body) = query(
+    let (status, body) = query_settled(
         port,
         &format!("/stores/main/{store}/keys/nobody-at-all"),
         token,
-    )
-    .expect("an answer");
+    );
     assert_eq!((status, &body["value"]), (200, &Value::Null), "{body}");
     served_by
 }
@@ -291,7 +307,7 @@ fn sessionizer_answers_every_key_from_either_instance_and_after_a_kill_9_of_an_o
     );
 
     // The catalog, and the errors of a bad query.
-    let (status, catalog) = query(first.port, "/stores", None).unwrap();
+    let (status, catalog) = query_settled(first.port, "/stores", None);
     assert_eq!(status, 200);
     assert_eq!(catalog["stores"][0]["store"], "sessions", "{catalog}");
     assert_eq!(catalog["stores"][0]["partitions"], PARTITIONS as i64);
@@ -306,7 +322,7 @@ fn sessionizer_answers_every_key_from_either_instance_and_after_a_kill_9_of_an_o
 
     // kill -9 of the second instance: its partitions answer 503 until the
     // first has taken them over, then the same state; never another value.
-    let (status, body) = query(first.port, "/stores/main/sessions/range", None).unwrap();
+    let (status, body) = query_settled(first.port, "/stores/main/sessions/range", None);
     assert_eq!(status, 200, "{body}");
     let killed = second.service.state_dir.clone();
     second.service.kill();
@@ -413,7 +429,7 @@ fn the_order_shipment_joiner_answers_both_stores_with_a_token_and_positions() {
         .ends_with("-orders-changelog"));
     if let Some(offset) = partition["position"]["offset"].as_i64() {
         let at = format!("/stores/main/orders/range?partition=0&min_position={offset}");
-        assert_eq!(query(first.port, &at, Some(token)).unwrap().0, 200);
+        assert_eq!(query_settled(first.port, &at, Some(token)).0, 200);
         let past = format!(
             "/stores/main/orders/range?partition=0&min_position={}",
             offset + 1_000
@@ -422,9 +438,9 @@ fn the_order_shipment_joiner_answers_both_stores_with_a_token_and_positions() {
     }
 
     // Without the token, or with another, nothing is answered.
-    assert_eq!(query(first.port, "/stores", None).unwrap().0, 401);
-    assert_eq!(query(first.port, "/stores", Some("wrong")).unwrap().0, 401);
-    assert_eq!(query(first.port, "/stores", Some(token)).unwrap().0, 200);
+    assert_eq!(query_settled(first.port, "/stores", None).0, 401);
+    assert_eq!(query_settled(first.port, "/stores", Some("wrong")).0, 401);
+    assert_eq!(query_settled(first.port, "/stores", Some(token)).0, 200);
 }
 
 #[test]
@@ -651,7 +667,7 @@ fn sensor_fusion_answers_a_machines_windows_in_a_time_range() {
     let path = format!(
         "/stores/main/window-readings/keys/{machine}/windows?from={first_start}&to={first_start}"
     );
-    let (status, body) = query(first.port, &path, None).unwrap();
+    let (status, body) = query_settled(first.port, &path, None);
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["entries"],
@@ -663,10 +679,10 @@ fn sensor_fusion_answers_a_machines_windows_in_a_time_range() {
         first_start - 1
     );
     assert_eq!(
-        query(first.port, &path, None).unwrap().1["entries"],
+        query_settled(first.port, &path, None).1["entries"],
         serde_json::json!([])
     );
-    let (_, catalog) = query(first.port, "/stores", None).unwrap();
+    let (_, catalog) = query_settled(first.port, "/stores", None);
     assert_eq!(catalog["stores"][0]["kind"], "map");
     assert_eq!(catalog["stores"][0]["windowed"], true);
 }
@@ -805,7 +821,7 @@ fn embed_batcher_answers_each_tenants_pending_edits_and_progress() {
         .collect();
     wait_for_state(first.port, "progress", &progress, None, logs);
     // The wall-clock times left out above are this run's.
-    let (_, body) = query(second.port, "/stores/main/pending/keys/tenant-1", None).unwrap();
+    let (_, body) = query_settled(second.port, "/stores/main/pending/keys/tenant-1", None);
     let written_at = body["entries"][0]["value"]["written_at"].as_i64().unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -848,7 +864,7 @@ fn a_standby_answers_when_allowed_with_its_lag() {
     // Without standby=allow the owner answers.
     let (key, value) = expected.iter().next().unwrap();
     let path = format!("/stores/main/sessions/keys/{}", percent(key));
-    let (status, body) = query(first.port, &path, None).unwrap();
+    let (status, body) = query_settled(first.port, &path, None);
     assert_eq!((status, &body["value"]), (200, value), "{body}");
     assert_eq!(body["served_by"]["role"], "active", "{body}");
 }

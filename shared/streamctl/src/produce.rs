@@ -86,8 +86,12 @@ pub fn run(connection: &Connection, args: ProduceArgs) -> anyhow::Result<()> {
     }
 
     let admin = connection.admin()?;
+    let exists = admin
+        .partition_count(&args.topic)
+        .map_err(|e| anyhow::anyhow!("{e:#}; nothing was produced"))?
+        .is_some();
     anyhow::ensure!(
-        admin.partition_count(&args.topic)?.is_some(),
+        exists,
         "topic {} does not exist (create it with `streamctl topics create`)",
         args.topic
     );

@@ -81,6 +81,10 @@ pub struct Delivery {
     sent: [u64; GENERATIONS],
     /// When the open transaction began.
     transaction_began: Option<Instant>,
+    /// When the commit of the open transaction was called: the warning
+    /// about a long transaction tells the time before it (records still
+    /// being sent) from the time in it (acknowledgements, offsets, commit).
+    commit_called: Option<Instant>,
     /// The producer's `transaction.timeout.ms`.
     transaction_timeout: Duration,
     /// How long the last transactions stayed open.
@@ -171,6 +175,7 @@ impl Delivery {
             generation: Generation(0),
             sent: [0; GENERATIONS],
             transaction_began: None,
+            commit_called: None,
             transaction_timeout,
             open_times: OpenTimes::default(),
             brokers: BrokerWatch::default(),
@@ -336,6 +341,7 @@ impl Delivery {
         // The open transaction, or the one this commit begins; whether it
         // outlived its timeout is told after the commit's waits.
         let began = self.transaction_began.unwrap_or_else(Instant::now);
+        self.commit_called = Some(Instant::now());
         let result = self.try_commit(generation, offsets, group, phases);
         let outlived = self.transactional && began.elapsed() >= self.transaction_timeout;
         if result.is_err() {
@@ -466,14 +472,19 @@ impl Delivery {
     /// warns when that came near the timeout past which the coordinator
     /// aborts it.
     fn transaction_ended(&mut self) {
+        let called = self.commit_called.take();
         let Some(began) = self.transaction_began.take() else {
             return;
         };
         let open = began.elapsed();
         self.open_times.record(open);
         if open > self.transaction_timeout / 2 {
+            let before_commit =
+                called.map_or(open, |called| called.saturating_duration_since(began));
             tracing::warn!(
                 open_ms = open.as_millis() as u64,
+                before_commit_ms = before_commit.as_millis() as u64,
+                committing_ms = open.saturating_sub(before_commit).as_millis() as u64,
                 transaction_timeout_ms = self.transaction_timeout.as_millis() as u64,
                 "a transaction stayed open for more than half of transaction.timeout.ms; \
                  past it the coordinator aborts the transaction and fences this producer"
