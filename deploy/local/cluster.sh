@@ -362,14 +362,12 @@ BIN_DIR="${STREAMS_BIN_DIR:-${CARGO_TARGET_DIR:-/var/tmp/streams-target}/debug}"
 # itself (`<service> acls`, docs/deploy.md "ACLs"): its default topic names and application id,
 # all as prefixes, since the tests' topics and application ids are these names plus a suffix.
 service_acls() {
-  local svc="$1" bin="$BIN_DIR/$1" extra=()
+  local svc="$1" bin="$BIN_DIR/$1"
   [ -x "$bin" ] || die "$bin not found: build the services first (make build)."
-  # The local model is not needed to list ACLs.
-  [ "$svc" = embed-batcher ] && extra=(--embedder hashing)
   # A clean environment: a service reads its flags from the environment too.
   # shellcheck disable=SC2016 # the service prints these two variables for the user to set
   env -i PATH="$PATH" "$bin" acls --principal "User:$svc" --resource-pattern-type prefixed \
-      --format kafka-acls "${extra[@]}" \
+      --format kafka-acls \
     | sed -n 's/^kafka-acls --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" //p'
 }
 

@@ -178,3 +178,40 @@ fn the_text_description_names_stages_stores_and_timers() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid value 'yaml'"));
 }
+
+/// embed-batcher loads its model only when it runs: with no model files at
+/// all, `describe` and `acls` still answer, while running it says what is
+/// missing.
+#[test]
+fn embed_batcher_describes_itself_without_its_model() {
+    let missing = scratch_dir().join(unique("no-model"));
+    let missing = missing.to_str().unwrap();
+    let described = Command::new(bin("embed-batcher"))
+        .args(["describe", "--format", "json", "--model-dir", missing])
+        .output()
+        .unwrap();
+    assert!(
+        described.status.success(),
+        "{}",
+        String::from_utf8_lossy(&described.stderr)
+    );
+    let description: Value = serde_json::from_slice(&described.stdout).unwrap();
+    assert_eq!(description["service"], "embed-batcher", "{description}");
+    let acls = Command::new(bin("embed-batcher"))
+        .args(["acls", "--format", "json", "--model-dir", missing])
+        .output()
+        .unwrap();
+    assert!(
+        acls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&acls.stderr)
+    );
+
+    let run = Command::new(bin("embed-batcher"))
+        .args(["--model-dir", missing])
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains(missing), "{stderr}");
+}

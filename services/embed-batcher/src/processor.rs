@@ -87,8 +87,6 @@ streams_runtime::timer_names! {
 
 /// The service: articles in, embeddings out.
 pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
-    let embedder = crate::embedder::from_settings(&settings)?;
-    let processor = EmbedBatcher::new(&settings, embedder);
     let topology = Topology::new(
         "embed-batcher",
         &settings.output_topic,
@@ -102,7 +100,17 @@ pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
     )?)
     .max_out_of_orderness(settings.max_out_of_orderness)
     .job_workers(settings.embed_workers as usize);
-    Ok(Pipeline::new(settings.runtime, topology, processor))
+    // The embedder (the local model, loaded from disk) is made only when
+    // the service runs, not for `describe`, `acls` or `reset`.
+    let runtime = settings.runtime.clone();
+    Ok(Pipeline::with_deferred_processor(
+        runtime,
+        topology,
+        move || {
+            let embedder = crate::embedder::from_settings(&settings)?;
+            Ok(EmbedBatcher::new(&settings, embedder))
+        },
+    ))
 }
 
 /// The processor; cloned per task, sharing one embedder.

@@ -59,8 +59,9 @@ pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) 
             _ => None,
         });
     let result = match tool.as_deref() {
-        // Signals are heard before the flags are even read: building a
-        // pipeline may take a while (embed-batcher loads its model).
+        // Signals are heard before the flags are even read: start-up may
+        // take a while (embed-batcher loads its model as its stage is
+        // prepared).
         None => Process::start().and_then(|process| Ok(build(S::parse())?.run(process))),
         Some(tool) => {
             argv.remove(1);
@@ -183,7 +184,7 @@ fn limit_malloc_arenas(processing_threads: usize) {
 
 /// Sets up logging in the chosen format; `RUST_LOG` filters (default `info`).
 /// Secret client properties never reach the log (see [`crate::client`]).
-pub fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -222,13 +223,26 @@ impl Pipeline {
         topology: Topology<P::Input>,
         processor: P,
     ) -> Self {
+        Self::with_deferred_processor(args, topology, move || Ok(processor))
+    }
+
+    /// [`Pipeline::new`] with the processor that `make` makes when the
+    /// service runs (or a test driver starts), not before: `describe`,
+    /// `acls` and `reset` run no processor, and should neither wait for one
+    /// that is slow to make nor fail for want of what it needs
+    /// (embed-batcher's model files).
+    pub fn with_deferred_processor<P: Processor>(
+        args: RuntimeArgs,
+        topology: Topology<P::Input>,
+        make: impl FnOnce() -> anyhow::Result<P> + 'static,
+    ) -> Self {
         Pipeline {
             args,
             service: topology.service,
             stages: vec![Box::new(Stage {
                 name: None,
                 topology,
-                processor,
+                processor: Box::new(make),
             })],
         }
     }
@@ -243,7 +257,7 @@ impl Pipeline {
         self.stages.push(Box::new(Stage {
             name: Some(name),
             topology,
-            processor,
+            processor: Box::new(move || Ok(processor)),
         }));
         self
     }
@@ -517,7 +531,8 @@ pub(crate) trait PreparedStage: Send {
 struct Stage<P: Processor> {
     name: Option<&'static str>,
     topology: Topology<P::Input>,
-    processor: P,
+    /// Makes the processor; called once, when the stage is prepared.
+    processor: Box<dyn FnOnce() -> anyhow::Result<P>>,
 }
 
 /// A processing thread's consumer, which owns its engine.
@@ -545,7 +560,7 @@ impl<P: Processor> StageSpec for Stage<P> {
             topology,
             processor,
         } = *self;
-        let threads = prepare_stage(env, name, topology, processor)?;
+        let threads = prepare_stage(env, name, topology, processor()?)?;
         let processing = threads.processing.into_iter().map(|(thread, consumer)| {
             Box::new(RunningStage {
                 thread,
@@ -569,7 +584,7 @@ impl<P: Processor> StageSpec for Stage<P> {
             topology,
             processor,
         } = *self;
-        driver_stage(env, name, topology, processor)
+        driver_stage(env, name, topology, processor()?)
     }
 }
 

@@ -100,7 +100,7 @@ pub mod admin {
     pub use crate::topics::*;
 }
 
-pub use app::{init_tracing, service_main, Pipeline};
+pub use app::{service_main, Pipeline};
 pub use config::RuntimeArgs;
 pub use duration::HumanDuration;
 pub use partitioner::murmur2_partition;

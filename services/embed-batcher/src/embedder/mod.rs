@@ -50,9 +50,6 @@ pub fn from_settings(settings: &Settings) -> anyhow::Result<Arc<Retrying<Box<dyn
 
 /// The local model of `--model-dir`, computing with `--model-threads`.
 fn local_model(settings: &Settings) -> anyhow::Result<LocalModel> {
-    // Logging starts here rather than when the pipeline runs, so that the
-    // model's load is logged (the runtime's own set-up is then a no-op).
-    streams_runtime::init_tracing(settings.runtime.log_format);
     let model = LocalModel::load(&settings.model_dir(), settings.model_threads())
         // One line, whatever the libraries' messages hold.
         .map_err(|error| anyhow::anyhow!("{}", format!("{error:#}").replace('\n', " ")))?;
