@@ -634,6 +634,24 @@ pub fn metric_value(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The sum of every series of the metric `name` (whatever its labels), or
+/// `None` when the service reports no series of it.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let mut sum = None;
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let labels = series.strip_prefix(name);
+        if labels.is_some_and(|rest| rest.is_empty() || rest.starts_with('{')) {
+            if let Ok(value) = value.parse::<f64>() {
+                *sum.get_or_insert(0.0) += value;
+            }
+        }
+    }
+    sum
+}
+
 /// Polls `condition` until it holds or `timeout` passes.
 pub fn eventually(timeout: Duration, condition: impl FnMut() -> bool) -> bool {
     eventually_every(Duration::from_millis(250), timeout, condition)

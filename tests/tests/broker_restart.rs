@@ -2,17 +2,34 @@
 //! itself and its read_committed output stays exact.
 //!
 //! This is its own test binary because restarting the shared broker would
-//! disturb other tests running in parallel (cargo runs test binaries one at
-//! a time).
+//! disturb other tests running in parallel (`deploy/local/run-tests.py`
+//! runs it before any other test that needs the broker); its tests take
+//! turns for the same reason.
 
+use std::collections::BTreeSet;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use e2e_tests::sessions::generate;
 use e2e_tests::*;
 
+/// Held by each test for its whole run: one broker restart at a time.
+static ALONE: Mutex<()> = Mutex::new(());
+
+/// Restarts the local broker and waits until it is back.
+fn restart_broker() {
+    let restart = Command::new("bash")
+        .arg(workspace().join("deploy/local/stack.sh"))
+        .arg("restart-kafka")
+        .status()
+        .expect("run stack.sh");
+    assert!(restart.success(), "the broker did not come back");
+}
+
 #[test]
 fn a_broker_restart_mid_run_leaves_the_output_exact() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     let input = unique("user-events");
     let output = unique("user-sessions");
     create_topic(&input, 2);
@@ -37,12 +54,7 @@ fn a_broker_restart_mid_run_leaves_the_output_exact() {
         service.log()
     );
 
-    let restart = Command::new("bash")
-        .arg(workspace().join("deploy/local/stack.sh"))
-        .arg("restart-kafka")
-        .status()
-        .expect("run stack.sh");
-    assert!(restart.success(), "the broker did not come back");
+    restart_broker();
 
     let records = wait_for_records(&output, expected.len(), Duration::from_secs(300));
     assert_same_records(&records, &expected, &service.log());
@@ -52,5 +64,107 @@ fn a_broker_restart_mid_run_leaves_the_output_exact() {
         "metrics: {metrics:?}; healthz: {:?}; log:\n{}",
         http_get(service.http_port, "/healthz"),
         service.log()
+    );
+}
+
+/// Standbys and queries carry on after the broker restarts too: the standby
+/// consumer, its group watcher and the query endpoints reader are clients
+/// of their own, each given its bootstrap servers again if the restart
+/// left it knowing no broker. Two instances, each with one task and a
+/// standby of the other's.
+#[test]
+fn standbys_and_queries_carry_on_after_a_broker_restart() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    let input = unique("user-events");
+    let output = unique("user-sessions");
+    create_topic(&input, 2);
+    let (lines, expected) = generate(600, 9, 1_783_345_153_000);
+    let (before_restart, after_restart) = lines.split_at(lines.len() / 2);
+    let application_id = unique("sessionizer-restart-standby");
+    let instances: Vec<(Service, u16)> = (0..2)
+        .map(|_| {
+            let port = free_port();
+            let service = Service::start(
+                "sessionizer",
+                &args(&[
+                    "--input-topic",
+                    &input,
+                    "--output-topic",
+                    &output,
+                    "--application-id",
+                    &application_id,
+                    "--standby-replicas",
+                    "1",
+                    "--query-addr",
+                    &format!("127.0.0.1:{port}"),
+                    "--kafka",
+                    "session.timeout.ms=6000",
+                    "--kafka",
+                    "heartbeat.interval.ms=1000",
+                ]),
+            );
+            (service, port)
+        })
+        .collect();
+    let logs = || {
+        (instances.iter())
+            .map(|(service, _)| format!("--- {}:\n{}", service.log_path().display(), service.log()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let balanced = eventually(Duration::from_secs(60), || {
+        (instances.iter()).all(|(service, _)| service.open_tasks::<usize>().len() == 1)
+    });
+    assert!(balanced, "one task each:\n{}", logs());
+    let standby_records = |service: &Service| {
+        metric_sum(&service.metrics(), "streams_standby_records_total").unwrap_or(0.0)
+    };
+    produce(&input, "user-events", before_restart);
+    assert!(
+        eventually(Duration::from_secs(120), || instances
+            .iter()
+            .all(|(service, _)| standby_records(service) > 0.0)),
+        "no standby took records before the restart:\n{}",
+        logs()
+    );
+
+    restart_broker();
+    let before: Vec<f64> = (instances.iter())
+        .map(|(service, _)| standby_records(service))
+        .collect();
+    produce(&input, "user-events", after_restart);
+    let records = wait_for_records(&output, expected.len(), Duration::from_secs(300));
+    assert_same_records(&records, &expected, &logs());
+
+    // Each standby took records written after the restart, and caught up.
+    let caught_up = eventually(Duration::from_secs(60), || {
+        instances.iter().zip(&before).all(|((service, _), before)| {
+            let metrics = service.metrics();
+            metric_sum(&metrics, "streams_standby_records_total").unwrap_or(0.0) > *before
+                && metric_sum(&metrics, "streams_standby_lag_records") == Some(0.0)
+        })
+    });
+    assert!(
+        caught_up,
+        "standbys stalled after the restart (records before it: {before:?}):\n{}",
+        logs()
+    );
+    // Either instance answers for every user: half of them forwarded to
+    // the other, which needs the group's description and the endpoints.
+    let users: BTreeSet<&str> = (lines.iter())
+        .map(|line| line["key"].as_str().unwrap())
+        .collect();
+    let answered = eventually(Duration::from_secs(60), || {
+        users.iter().all(|user| {
+            instances.iter().all(|(_, port)| {
+                http_answer(*port, &format!("/stores/main/sessions/keys/{user}"))
+                    .is_some_and(|(status, _)| status == 200)
+            })
+        })
+    });
+    assert!(
+        answered,
+        "queries not answered after the restart:\n{}",
+        logs()
     );
 }

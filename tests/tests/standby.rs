@@ -18,24 +18,6 @@ const BASE: i64 = 1_783_345_153_000;
 const PARTITIONS: usize = 6;
 const INSTANCES: usize = 3;
 
-/// The sum of every series of the metric `name` (whatever its labels), or
-/// `None` when the service reports no series of it.
-fn metric_sum(text: &str, name: &str) -> Option<f64> {
-    let mut sum = None;
-    for line in text.lines().filter(|line| !line.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let labels = series.strip_prefix(name);
-        if labels.is_some_and(|rest| rest.is_empty() || rest.starts_with('{')) {
-            if let Ok(value) = value.parse::<f64>() {
-                *sum.get_or_insert(0.0) += value;
-            }
-        }
-    }
-    sum
-}
-
 /// The task (input partition) of a user's events and sessions.
 fn task_of(user: &str) -> usize {
     murmur2_partition(user.as_bytes(), PARTITIONS)

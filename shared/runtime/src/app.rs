@@ -454,7 +454,12 @@ fn start_queries(env: &mut ServiceEnv) -> anyhow::Result<Option<RunningQueries>>
     }])?;
     let stages = std::mem::take(&mut env.queryable);
     let groups = stages.iter().map(|stage| stage.group.clone()).collect();
-    let peers = Arc::new(Peers::new(&env.client_config, topic, groups)?);
+    let peers = Arc::new(Peers::new(
+        &env.client_config,
+        topic,
+        groups,
+        env.args.group_protocol,
+    )?);
     peers.advertise(Some(&url))?;
     let reader = std::thread::Builder::new()
         .name("query-peers".into())

@@ -5,7 +5,10 @@
 //!
 //! rust-rdkafka's `fetch_group_list` is the classic DescribeGroups, which
 //! reports a KIP-848 `consumer` group as dead, whatever its members;
-//! librdkafka's DescribeConsumerGroups describes both kinds. Topic ids
+//! librdkafka's DescribeConsumerGroups describes both kinds, but aborts the
+//! process when the coordinator's connection drops in the middle of one
+//! (see [`describe_classic_groups`]): what describes groups again and again
+//! while a service runs uses the classic request for classic groups. Topic ids
 //! (Kafka 2.8 on) tell a topic from one deleted and created again under
 //! its name, which metadata otherwise cannot.
 
@@ -16,6 +19,8 @@ use std::time::Duration;
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
 use rdkafka::types::RDKafkaRespErr;
+
+use crate::standby::placement::decode_assignment;
 
 /// A member of a consumer group.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +51,52 @@ pub(crate) fn group_members<C: ClientContext>(
         .into_iter()
         .map(|(group, description)| (group, description.members))
         .collect())
+}
+
+/// [`describe_groups`] for groups of the classic protocol, through the
+/// classic ListGroups and DescribeGroups requests (`rd_kafka_list_groups`).
+///
+/// DescribeConsumerGroups goes through librdkafka's coordinator-request
+/// path, which frees a request it still uses when the request to the
+/// coordinator fails (its connection dropped, as in a broker restart): the
+/// process aborts with "rd_kafka_enq_once_del_source_return: Assertion
+/// `eonce->refcnt > 0' failed" (confluentinc/librdkafka#4605; the fix,
+/// confluentinc/librdkafka#5397, is not in 2.12.1). The classic requests
+/// take another path.
+pub(crate) fn describe_classic_groups<C: ClientContext>(
+    client: &Client<C>,
+    groups: &[&str],
+    timeout: Duration,
+) -> anyhow::Result<HashMap<String, GroupDescription>> {
+    let mut described = HashMap::new();
+    for &group in groups {
+        let list = client
+            .fetch_group_list(Some(group), timeout)
+            .map_err(|e| anyhow::anyhow!("cannot describe consumer group {group}: {e}"))?;
+        // A group that does not exist is listed as dead, with no members.
+        let description = match list.groups().iter().find(|found| found.name() == group) {
+            None => GroupDescription::default(),
+            Some(found) => GroupDescription {
+                stable: found.state() == "Stable",
+                members: (found.members().iter())
+                    .map(|member| GroupMember {
+                        member_id: member.id().to_string(),
+                        client_id: member.client_id().to_string(),
+                        host: member.client_host().to_string(),
+                        assignment: (member.assignment().and_then(decode_assignment))
+                            .into_iter()
+                            .flatten()
+                            .flat_map(|(topic, partitions)| {
+                                partitions.into_iter().map(move |p| (topic.clone(), p))
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            },
+        };
+        described.insert(group.to_string(), description);
+    }
+    Ok(described)
 }
 
 /// Each of `groups` described (an empty description for a group that does

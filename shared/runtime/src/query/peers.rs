@@ -5,8 +5,9 @@
 //! `<app-id>-query-endpoints` is a compacted topic of one partition: each
 //! instance writes, per stage, `<group>/<instance>` -> its advertised URL
 //! when it starts, and a tombstone when it stops cleanly. Ownership is not
-//! written there: the group coordinator's description (DescribeConsumerGroups,
-//! for both group protocols) is the authority, so a killed instance stops
+//! written there: the group coordinator's description (DescribeGroups for
+//! classic groups, DescribeConsumerGroups for KIP-848 ones: see
+//! [`describe_classic_groups`]) is the authority, so a killed instance stops
 //! owning tasks as soon as the group has rebalanced, whatever the topic
 //! still says. See docs/queries.md for the alternatives considered.
 
@@ -20,8 +21,10 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::client::brokers::rebootstrap_if_cut_off;
+use crate::client::kafka::GroupProtocol;
 use crate::client::kafka::{member_id, parse_client_id};
-use crate::native_admin::{describe_groups, GroupDescription};
+use crate::native_admin::{describe_classic_groups, describe_groups, GroupDescription};
 use crate::standby::placement::{standby_tasks, Member};
 
 /// How often the groups are described.
@@ -54,6 +57,8 @@ struct View {
 pub struct Peers {
     topic: String,
     stages: Vec<StageGroup>,
+    /// The stages' group protocol, which says how their groups are described.
+    protocol: GroupProtocol,
     consumer: BaseConsumer,
     producer: BaseProducer,
     view: Mutex<View>,
@@ -75,6 +80,7 @@ impl Peers {
         base: &ClientConfig,
         topic: String,
         stages: Vec<StageGroup>,
+        protocol: GroupProtocol,
     ) -> anyhow::Result<Self> {
         let consumer: BaseConsumer = base
             .clone()
@@ -93,6 +99,7 @@ impl Peers {
         Ok(Peers {
             topic,
             stages,
+            protocol,
             consumer,
             producer,
             view: Mutex::default(),
@@ -102,6 +109,7 @@ impl Peers {
     /// Writes (or, with `None`, withdraws) this instance's URL for every
     /// stage, and waits for the broker to have it.
     pub fn advertise(&self, url: Option<&str>) -> anyhow::Result<()> {
+        rebootstrap_if_cut_off(self.producer.client());
         for stage in &self.stages {
             let key = endpoint_key(&stage.group, &stage.instance);
             let mut record = BaseRecord::<str, str>::to(&self.topic).key(&key);
@@ -138,7 +146,17 @@ impl Peers {
             }
             if described.elapsed() >= REFRESH {
                 described = Instant::now();
-                match describe_groups(self.consumer.client(), &groups, ROUND_TRIP_TIMEOUT) {
+                // A client used now and then: checked at each use (see
+                // `client::brokers`).
+                rebootstrap_if_cut_off(self.consumer.client());
+                let client = self.consumer.client();
+                let described = match self.protocol {
+                    GroupProtocol::Classic => {
+                        describe_classic_groups(client, &groups, ROUND_TRIP_TIMEOUT)
+                    }
+                    GroupProtocol::Consumer => describe_groups(client, &groups, ROUND_TRIP_TIMEOUT),
+                };
+                match described {
                     Ok(descriptions) => self.view.lock().unwrap().groups = descriptions,
                     Err(error) => {
                         tracing::warn!(%error, "queries: cannot describe the consumer groups");

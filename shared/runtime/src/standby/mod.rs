@@ -34,6 +34,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::client::brokers::BrokerWatch;
 use crate::client::kafka::changelog_reader_config;
 use crate::metrics::{Snapshot, StageMetrics, STANDBY_LAG, STANDBY_RECORDS, STANDBY_TASKS};
 use crate::restore::{stale_checkpoint, ChangelogIds, StaleLocalState};
@@ -125,6 +126,9 @@ pub(crate) struct StandbyUpdater {
     seen_round: u64,
     applied: u64,
     lag: i64,
+    /// The consumer given its bootstrap servers again if it drops every
+    /// broker (a single broker restarting), as the stage's own clients are.
+    brokers: BrokerWatch,
 }
 
 impl StandbyUpdater {
@@ -162,6 +166,7 @@ impl StandbyUpdater {
             seen_round: 0,
             applied: 0,
             lag: 0,
+            brokers: BrokerWatch::default(),
         })
     }
 
@@ -188,6 +193,7 @@ impl StandbyUpdater {
         while !self.shutdown.load(Ordering::Relaxed) {
             self.hand_over_activated()?;
             self.refresh()?;
+            self.brokers.check(self.consumer.client());
             match self.consumer.poll(Duration::from_millis(50)) {
                 Some(Ok(message)) => {
                     let partition = message.partition();

@@ -14,6 +14,7 @@ use rdkafka::ClientConfig;
 
 use super::placement::{decode_assignment, Member};
 use super::REFRESH;
+use crate::client::brokers::rebootstrap_if_cut_off;
 use crate::client::kafka::{member_id, parse_client_id};
 
 /// How long one round trip of the watcher may take.
@@ -79,6 +80,7 @@ impl GroupWatcher {
     pub fn run(&self, shutdown: &AtomicBool) {
         while !shutdown.load(Ordering::Relaxed) {
             let started = Instant::now();
+            rebootstrap_if_cut_off(self.client.client());
             let members = self.members();
             let watched = self.watched.lock().unwrap().clone();
             let ends = watched
