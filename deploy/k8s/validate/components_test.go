@@ -18,6 +18,10 @@ import (
 // be, and goes through the overlays' checks and its own.
 var loginComponents = []string{"kafka-mtls", "kafka-oidc"}
 
+// renderedComponents are the components that no overlay uses, rendered
+// here onto the base: the logins above and interactive queries.
+var renderedComponents = append(append([]string{}, loginComponents...), "queries")
+
 // loginServices are the services whose per-service Secrets the login
 // components name; TestLoginComponentSecretsCoverEveryService keeps the
 // list in step with services/.
@@ -28,6 +32,7 @@ func init() {
 	for _, service := range loginServices {
 		externalSecrets[service+"-kafka-oidc"] = true
 	}
+	externalSecrets["streams-query-token"] = true
 }
 
 // renderComponent builds base + components/<component> through a
@@ -99,12 +104,12 @@ func kafkaProperties(env map[string]EnvVar) map[string]EnvVar {
 	return out
 }
 
-// Both components render onto the base, decode strictly, keep every
-// StatefulSet invariant of the overlays, pass the API server's validation,
-// and give the binaries only flags and variables they read.
-func TestLoginComponentsRenderAndPassTheOverlayChecks(t *testing.T) {
+// Each component renders onto the base, decodes strictly, keeps every
+// StatefulSet invariant of the overlays, passes the API server's
+// validation, and gives the binaries only flags and variables they read.
+func TestComponentsRenderAndPassTheOverlayChecks(t *testing.T) {
 	docker := parseDockerfile(t)
-	for _, component := range loginComponents {
+	for _, component := range renderedComponents {
 		t.Run(component, func(t *testing.T) {
 			r := renderComponent(t, component)
 			if len(r.StatefulSets) != len(serviceNames(t)) {
@@ -296,5 +301,92 @@ func TestKafkaPropertyNames(t *testing.T) {
 	}
 	if _, ok := kafkaProperty("KAFKA_BOOTSTRAP_SERVERS"); ok {
 		t.Error("KAFKA_BOOTSTRAP_SERVERS read as a client property")
+	}
+}
+
+// Queries: the listener's port is the container's port `query` and the
+// Service's, the advertised URL names the pod under its own headless
+// Service at that port (INSTANCE_ID defined before it, so that Kubernetes
+// expands it), and the token is a file of the Secret streams-query-token,
+// mounted read-only and readable by no one but the pod's user and group.
+func TestQueriesComponent(t *testing.T) {
+	r := renderComponent(t, "queries")
+	for _, sts := range r.StatefulSets {
+		t.Run(sts.Name, func(t *testing.T) {
+			pod := sts.Spec.Template.Spec
+			c := pod.Containers[0]
+			env, problems := containerEnv(t, r, c)
+			for _, p := range problems {
+				t.Error(p)
+			}
+			var port int32
+			for _, p := range c.Ports {
+				if p.Name == "query" {
+					port = p.ContainerPort
+				}
+			}
+			if port == 0 {
+				t.Fatal("no container port named query")
+			}
+			if got, want := env["QUERY_ADDR"].Value, fmt.Sprintf("0.0.0.0:%d", port); got != want {
+				t.Errorf("QUERY_ADDR %q; want %q (every interface, the port query)", got, want)
+			}
+			wantURL := fmt.Sprintf("http://$(INSTANCE_ID).%s:%d", sts.Spec.ServiceName, port)
+			if got := env["QUERY_ADVERTISED_URL"].Value; got != wantURL {
+				t.Errorf("QUERY_ADVERTISED_URL %q; want %q", got, wantURL)
+			}
+			instance, advertised := -1, -1
+			for i, e := range c.Env {
+				switch e.Name {
+				case "INSTANCE_ID":
+					instance = i
+				case "QUERY_ADVERTISED_URL":
+					advertised = i
+				}
+			}
+			if instance < 0 || instance > advertised {
+				t.Errorf("INSTANCE_ID (env #%d) is not defined before QUERY_ADVERTISED_URL (#%d): Kubernetes would not expand it", instance, advertised)
+			}
+			if id := env["INSTANCE_ID"].FieldPath; id != "metadata.name" {
+				t.Errorf("INSTANCE_ID from %q; want the pod's name", id)
+			}
+
+			svc := r.service(sts.Spec.ServiceName)
+			if svc == nil {
+				t.Fatalf("no Service %s", sts.Spec.ServiceName)
+			}
+			served := false
+			for _, p := range svc.Spec.Ports {
+				if p.Name == "query" && p.Port == port && p.TargetPort.String() == "query" {
+					served = true
+				}
+			}
+			if !served {
+				t.Errorf("Service %s has no port query %d to the container's port query", svc.Name, port)
+			}
+
+			tokenFile := env["QUERY_TOKEN_FILE"].Value
+			mounted := false
+			for _, volume := range pod.Volumes {
+				s := volume.Secret
+				if s == nil || s.SecretName != "streams-query-token" {
+					continue
+				}
+				if mode := s.DefaultMode; mode == nil || *mode&0o007 != 0 || *mode&0o222 != 0 {
+					t.Errorf("Secret volume mode %v: want readable by owner and group only, not writable", mode)
+				}
+				for _, m := range c.VolumeMounts {
+					if m.Name == volume.Name && tokenFile == m.MountPath+"/token" {
+						mounted = true
+						if !m.ReadOnly {
+							t.Errorf("mount %s is not read-only", m.MountPath)
+						}
+					}
+				}
+			}
+			if !mounted {
+				t.Errorf("QUERY_TOKEN_FILE %q is not the key token of the mounted Secret streams-query-token", tokenFile)
+			}
+		})
 	}
 }
