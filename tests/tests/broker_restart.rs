@@ -129,24 +129,25 @@ fn standbys_and_queries_carry_on_after_a_broker_restart() {
     );
 
     restart_broker();
-    let before: Vec<f64> = (instances.iter())
-        .map(|(service, _)| standby_records(service))
-        .collect();
     produce(&input, "user-events", after_restart);
     let records = wait_for_records(&output, expected.len(), Duration::from_secs(300));
     assert_same_records(&records, &expected, &logs());
 
-    // Each standby took records written after the restart, and caught up.
+    // Each instance keeps a standby again, caught up with its changelog's
+    // end, which has moved on since the restart. (How many records each
+    // standby applied after it depends on where the rebalances the restart
+    // caused left the tasks: a standby made from state its instance wrote
+    // as the task's owner starts at the end.)
     let caught_up = eventually(Duration::from_secs(60), || {
-        instances.iter().zip(&before).all(|((service, _), before)| {
+        instances.iter().all(|(service, _)| {
             let metrics = service.metrics();
-            metric_sum(&metrics, "streams_standby_records_total").unwrap_or(0.0) > *before
+            metric_sum(&metrics, "streams_standby_tasks").is_some_and(|tasks| tasks >= 1.0)
                 && metric_sum(&metrics, "streams_standby_lag_records") == Some(0.0)
         })
     });
     assert!(
         caught_up,
-        "standbys stalled after the restart (records before it: {before:?}):\n{}",
+        "standbys not caught up after the restart:\n{}",
         logs()
     );
     // Either instance answers for every user: half of them forwarded to

@@ -186,31 +186,25 @@ fn the_text_description_names_stages_stores_and_timers() {
 fn embed_batcher_describes_itself_without_its_model() {
     let missing = scratch_dir().join(unique("no-model"));
     let missing = missing.to_str().unwrap();
-    let described = Command::new(bin("embed-batcher"))
-        .args(["describe", "--format", "json", "--model-dir", missing])
-        .output()
-        .unwrap();
-    assert!(
-        described.status.success(),
-        "{}",
-        String::from_utf8_lossy(&described.stderr)
-    );
-    let description: Value = serde_json::from_slice(&described.stdout).unwrap();
-    assert_eq!(description["service"], "embed-batcher", "{description}");
-    let acls = Command::new(bin("embed-batcher"))
-        .args(["acls", "--format", "json", "--model-dir", missing])
-        .output()
-        .unwrap();
-    assert!(
-        acls.status.success(),
-        "{}",
-        String::from_utf8_lossy(&acls.stderr)
-    );
+    let embed_batcher = |args: &[&str]| {
+        Command::new(bin("embed-batcher"))
+            .args(args)
+            .args(["--model-dir", missing])
+            .output()
+            .unwrap()
+    };
+    for tool in ["describe", "acls"] {
+        let printed = embed_batcher(&[tool, "--format", "json"]);
+        let stderr = String::from_utf8_lossy(&printed.stderr);
+        assert!(printed.status.success(), "{tool}: {stderr}");
+        let listing: Value = serde_json::from_slice(&printed.stdout).unwrap();
+        assert_eq!(
+            listing["application_id"], "embed-batcher",
+            "{tool}: {listing}"
+        );
+    }
 
-    let run = Command::new(bin("embed-batcher"))
-        .args(["--model-dir", missing])
-        .output()
-        .unwrap();
+    let run = embed_batcher(&[]);
     assert!(!run.status.success());
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains(missing), "{stderr}");

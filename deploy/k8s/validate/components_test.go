@@ -187,30 +187,7 @@ func TestKafkaMTLSComponent(t *testing.T) {
 			props := kafkaProperties(env)
 			checkLoginBasics(t, r, sts, props)
 			// The service's own kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt), read-only.
-			var volume *corev1.Volume
-			for i := range pod.Volumes {
-				if s := pod.Volumes[i].Secret; s != nil && s.SecretName == sts.Name+"-kafka-tls" {
-					volume = &pod.Volumes[i]
-				}
-			}
-			if volume == nil {
-				t.Fatalf("no volume of the Secret %s-kafka-tls", sts.Name)
-			}
-			if mode := volume.Secret.DefaultMode; mode == nil || *mode&0o007 != 0 || *mode&0o222 != 0 {
-				t.Errorf("Secret volume mode %v: want readable by owner and group only, not writable", mode)
-			}
-			mountPath := ""
-			for _, m := range c.VolumeMounts {
-				if m.Name == volume.Name {
-					if !m.ReadOnly {
-						t.Errorf("mount %s is not read-only", m.MountPath)
-					}
-					mountPath = m.MountPath
-				}
-			}
-			if mountPath == "" {
-				t.Fatalf("volume %s is not mounted", volume.Name)
-			}
+			mountPath := secretMount(t, pod, c, sts.Name+"-kafka-tls")
 			want := map[string]string{
 				"security.protocol":        "SSL",
 				"ssl.certificate.location": mountPath + "/tls.crt",
@@ -265,6 +242,38 @@ func TestKafkaOIDCComponent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// secretMount is where container c of pod mounts the Secret `name`, whose
+// volume must be readable by the owner and group only, not writable, and
+// its mount read-only.
+func secretMount(t *testing.T, pod corev1.PodSpec, c corev1.Container, name string) string {
+	t.Helper()
+	var volume *corev1.Volume
+	for i := range pod.Volumes {
+		if s := pod.Volumes[i].Secret; s != nil && s.SecretName == name {
+			volume = &pod.Volumes[i]
+		}
+	}
+	if volume == nil {
+		t.Fatalf("no volume of the Secret %s", name)
+	}
+	if mode := volume.Secret.DefaultMode; mode == nil || *mode&0o007 != 0 || *mode&0o222 != 0 {
+		t.Errorf("Secret volume mode %v: want readable by owner and group only, not writable", mode)
+	}
+	mountPath := ""
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume.Name {
+			if !m.ReadOnly {
+				t.Errorf("mount %s is not read-only", m.MountPath)
+			}
+			mountPath = m.MountPath
+		}
+	}
+	if mountPath == "" {
+		t.Fatalf("volume %s is not mounted", volume.Name)
+	}
+	return mountPath
 }
 
 func checkProps(t *testing.T, props map[string]EnvVar, want map[string]string) {
@@ -365,27 +374,9 @@ func TestQueriesComponent(t *testing.T) {
 				t.Errorf("Service %s has no port query %d to the container's port query", svc.Name, port)
 			}
 
-			tokenFile := env["QUERY_TOKEN_FILE"].Value
-			mounted := false
-			for _, volume := range pod.Volumes {
-				s := volume.Secret
-				if s == nil || s.SecretName != "streams-query-token" {
-					continue
-				}
-				if mode := s.DefaultMode; mode == nil || *mode&0o007 != 0 || *mode&0o222 != 0 {
-					t.Errorf("Secret volume mode %v: want readable by owner and group only, not writable", mode)
-				}
-				for _, m := range c.VolumeMounts {
-					if m.Name == volume.Name && tokenFile == m.MountPath+"/token" {
-						mounted = true
-						if !m.ReadOnly {
-							t.Errorf("mount %s is not read-only", m.MountPath)
-						}
-					}
-				}
-			}
-			if !mounted {
-				t.Errorf("QUERY_TOKEN_FILE %q is not the key token of the mounted Secret streams-query-token", tokenFile)
+			mountPath := secretMount(t, pod, c, "streams-query-token")
+			if tokenFile := env["QUERY_TOKEN_FILE"].Value; tokenFile != mountPath+"/token" {
+				t.Errorf("QUERY_TOKEN_FILE %q is not the key token of the Secret streams-query-token (mounted at %s)", tokenFile, mountPath)
 			}
 		})
 	}
