@@ -22,8 +22,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::client::brokers::rebootstrap_if_cut_off;
-use crate::client::kafka::GroupProtocol;
-use crate::client::kafka::{member_id, parse_client_id};
+use crate::client::kafka::{member_id, parse_client_id, GroupProtocol};
 use crate::native_admin::{describe_classic_groups, describe_groups, GroupDescription};
 use crate::standby::placement::{standby_tasks, Member};
 
