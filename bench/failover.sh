@@ -20,7 +20,7 @@
 #     must say `LOGIN > LOGOUT`, i.e. the session state came along): the
 #     last one is "failover s",
 #   * when the group noticed the kill ("detected s": the survivors' first
-#     "task closed" log line, the eager rebalance's revocation; about the
+#     "tasks set aside" log line, the eager rebalance's revocation; about the
 #     session timeout) and what follows it ("takeover s" = failover -
 #     detected: rebalance, task openings and restores, first commit),
 #   * the survivors ready again with all six tasks (`/readyz` and the
@@ -382,12 +382,12 @@ def run_once(standbys, round_):
                 elif message == "task ready" and f.get("partition") in moved:
                     readies.append({"partition": f["partition"], "elapsed_ms": f["elapsed_ms"],
                                     "after_kill_s": round(at - killed_wall, 3)})
-                elif message == "task closed":
+                elif message in ("task closed", "tasks set aside for the rebalance"):
                     closes.append(at)
                 elif message == "standby started":
                     standbys_started += 1
         # The group noticing the kill: the survivors' revocation (eager
-        # rebalance: they close every task) starts the takeover.
+        # rebalance: they set every task aside) starts the takeover.
         detected_s = min(closes) - killed_wall if closes else None
         failover_s = max(rows[p][0] for p in moved)
         result = {

@@ -1,6 +1,9 @@
-//! Incremental rebalancing (`--group-protocol consumer`, KIP-848): instances
-//! join and leave, tasks move one at a time, the tasks that stay never stop,
-//! and every task keeps its partitions together.
+//! Instances join and leave, and only the tasks that move stop: under
+//! incremental rebalancing (`--group-protocol consumer`, KIP-848) tasks
+//! move one at a time and the others never stop; under the classic
+//! protocol's eager rebalances every task pauses, but those given back to
+//! the instance that had them run on as they were instead of closing and
+//! opening again. Every task keeps its partitions together.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -19,7 +22,8 @@ struct Run {
 }
 
 impl Run {
-    fn new() -> Self {
+    /// A run with `--group-protocol protocol`.
+    fn new(protocol: &str) -> Self {
         let orders = unique("orders");
         let shipments = unique("shipments");
         let output = unique("shipped-orders");
@@ -35,7 +39,7 @@ impl Run {
             "--application-id",
             &unique("joiner-rebalance"),
             "--group-protocol",
-            "consumer",
+            protocol,
         ]);
         Run {
             orders,
@@ -155,11 +159,21 @@ fn assert_only_moved_tasks_stopped(
 
 #[test]
 fn instances_join_and_leave_and_only_moved_tasks_stop() {
-    let run = Run::new();
+    join_and_leave(&Run::new("consumer"));
+}
+
+#[test]
+fn eager_rebalances_close_only_the_tasks_that_moved() {
+    join_and_leave(&Run::new("classic"));
+}
+
+/// Three instances, a fourth joins, one leaves; output exact throughout,
+/// and each instance closes exactly the tasks it lost.
+fn join_and_leave(run: &Run) {
     let (a, b, c) = (run.start(), run.start(), run.start());
     let before = wait_balanced(&[&a, &b, &c]);
     run.produce(0..2_000);
-    assert_output(&run, 2_000);
+    assert_output(run, 2_000);
 
     // A fourth instance joins.
     let closed_before: Vec<usize> = [&a, &b, &c].iter().map(|s| closed(s).len()).collect();
@@ -169,7 +183,7 @@ fn instances_join_and_leave_and_only_moved_tasks_stop() {
         assert_only_moved_tasks_stopped(&[&a, &b, &c], &closed_before, &before, &after_join);
     println!("join: tasks {before:?} -> {after_join:?}, {moved} moved");
     run.produce(2_000..4_000);
-    assert_output(&run, 4_000);
+    assert_output(run, 4_000);
 
     // One leaves.
     let closed_before: Vec<usize> = [&a, &b, &d].iter().map(|s| closed(s).len()).collect();
@@ -190,5 +204,5 @@ fn instances_join_and_leave_and_only_moved_tasks_stop() {
         assert_only_moved_tasks_stopped(&[&a, &b, &d], &closed_before, &staying, &after_leave);
     println!("leave: tasks {staying:?} -> {after_leave:?}, {moved} moved besides the leaver's");
     run.produce(4_000..6_000);
-    assert_output(&run, 6_000);
+    assert_output(run, 6_000);
 }

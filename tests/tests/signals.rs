@@ -238,13 +238,13 @@ fn a_signal_during_a_restore_stops_it_and_the_next_start_goes_on_from_there() {
     println!("SIGTERM during the restore: exited in {:?}", stopped.took);
     stopped.assert_prompt_exit(0, "SIGTERM during the restore");
     assert!(
-        stopped.log.contains("restore stopped by shutdown")
+        stopped.log.contains("restore stopped")
             && !stopped.log.contains("task ready")
             && stopped.log.lines().any(|line| line.ends_with(": stopped")),
         "{}",
         stopped.log
     );
-    let restored_before = logged_sum(&stopped.log, "restore stopped by shutdown", "restored");
+    let restored_before = logged_sum(&stopped.log, "restore stopped", "restored");
 
     // On the interrupted state, the restore goes on from its checkpoint.
     let third = Service::start_with_state("sessionizer", &arguments, interrupted_state);

@@ -57,6 +57,13 @@ pub const TRANSACTION_OPEN: &str = "streams_transaction_open_seconds";
 /// rebalance in progress, or an assignor that split them): they do not
 /// process until the rest arrives.
 pub const TASKS_INCOMPLETE: &str = "streams_tasks_incomplete";
+/// Each task this processing thread is assigned whole, by `task`: 1 once
+/// it is open and processing, 0 while the state updater opens it (waits
+/// for its store, restores it from its changelogs, loads its timers).
+pub const TASK_READY: &str = "streams_task_ready";
+/// The processing thread's state, by `state`: 1 for the one it is in, 0
+/// for the others (see [`ThreadState`]).
+pub const THREAD_STATE: &str = "streams_thread_state";
 /// Wall clock minus task watermark, by task.
 pub const WATERMARK_LAG: &str = "streams_watermark_lag_seconds";
 /// Estimated bytes of committed state, by task.
@@ -93,6 +100,47 @@ pub const PROCESS_CPU_SECONDS: &str = "process_cpu_seconds_total";
 pub const PROCESS_RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
 /// When the process started, in seconds since the Unix epoch (Linux).
 pub const PROCESS_START_TIME: &str = "process_start_time_seconds";
+
+/// What a processing thread is doing, as [`THREAD_STATE`] says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadState {
+    /// Every task it is assigned is open and processing.
+    Running,
+    /// An assignment is awaited (before the first one, or after a
+    /// revocation took every task), or a task lacks some of its
+    /// partitions.
+    Rebalancing,
+    /// Some task it is assigned is still being opened; the open ones
+    /// process meanwhile.
+    Restoring,
+}
+
+impl ThreadState {
+    const ALL: [ThreadState; 3] = [
+        ThreadState::Running,
+        ThreadState::Rebalancing,
+        ThreadState::Restoring,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            ThreadState::Running => "running",
+            ThreadState::Rebalancing => "rebalancing",
+            ThreadState::Restoring => "restoring",
+        }
+    }
+
+    /// Sets [`THREAD_STATE`] in `snapshot`: 1 for this state, 0 for the others.
+    pub fn export(self, snapshot: &mut Snapshot) {
+        for state in Self::ALL {
+            snapshot.set(
+                THREAD_STATE,
+                vec![("state", state.label().to_string())],
+                f64::from(u8::from(state == self)),
+            );
+        }
+    }
+}
 
 /// A phase of the processing thread's loop (see [`PHASE_SECONDS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -142,9 +142,9 @@ impl Restorer {
     /// All the task's changelogs are read at once, in one assignment, so
     /// their fetches overlap and no changelog waits for the one before it.
     ///
-    /// Once `shutdown` is set the restore stops with `Interrupted`, what it
-    /// read so far written with its checkpoint (so the next start goes on
-    /// from there). Local state of a changelog since deleted, or that
+    /// Once `shutdown` is set (the service stops, or the task was revoked)
+    /// the restore stops with `Interrupted`, what it read so far written
+    /// with its checkpoint (so the next opening goes on from there). Local state of a changelog since deleted, or that
     /// reaches past the end of one, fails with [`StaleLocalState`] before
     /// anything is read.
     pub fn restore(
@@ -269,7 +269,7 @@ impl Restorer {
         while pending.iter().any(|changelog| !changelog.done) {
             if shutdown.load(Ordering::Relaxed) {
                 let restored: u64 = pending.iter().map(|changelog| changelog.restored).sum();
-                tracing::info!(partition, restored, "restore stopped by shutdown");
+                tracing::info!(partition, restored, "restore stopped");
                 store.write_restored(batch)?;
                 return Err(Interrupted.into());
             }

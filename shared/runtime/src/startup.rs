@@ -406,10 +406,10 @@ impl<P: Processor> StagePlan<P> {
             restorer,
             guarantee: args.processing_guarantee,
             state_dir: self.state_dir.clone(),
-            active: self.active.clone(),
+            active: self.active.for_thread(thread.index),
             resources: env.state_resources.clone(),
             metrics,
-        });
+        })?;
         let group_instance_id = args.instance_id.as_deref().map(|id| thread.member_id(id));
         let context = StageContext::new(stage);
         let consumer: GroupConsumer<P> = group_consumer_config(

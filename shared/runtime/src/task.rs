@@ -256,13 +256,32 @@ impl<P: Processor> Task<P> {
         Some((slot, entry))
     }
 
-    /// Drops uncommitted changes and returns to the last committed state.
-    pub fn rollback(&mut self, now: Now) -> anyhow::Result<()> {
-        self.in_flight.clear();
+    /// Drops the entries consumed and not yet handled: they will be read
+    /// again from the committed offsets.
+    fn drop_buffers(&mut self) {
         self.buffers.iter_mut().for_each(VecDeque::clear);
         self.buffered_bytes.fill(0);
         self.waiting_since.fill(None);
         self.announced = None;
+    }
+
+    /// Sets the task aside just after a commit, to run again as it is if
+    /// the group gives it back: its timers, clocks and store are the
+    /// committed state already, and what it had consumed past the commit is
+    /// dropped. A task with jobs in flight holds work past the commit, and
+    /// is refused.
+    pub fn suspend(&mut self) -> bool {
+        if self.has_jobs() || self.store.has_uncommitted() {
+            return false;
+        }
+        self.drop_buffers();
+        true
+    }
+
+    /// Drops uncommitted changes and returns to the last committed state.
+    pub fn rollback(&mut self, now: Now) -> anyhow::Result<()> {
+        self.in_flight.clear();
+        self.drop_buffers();
         self.store.discard_uncommitted()?;
         self.counters.clear();
         self.load(now)

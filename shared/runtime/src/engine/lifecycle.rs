@@ -2,10 +2,35 @@
 //! forgetting the partitions a stage no longer owns.
 
 use super::{Engine, Route};
+use crate::clock::Clock;
 use crate::processor::Processor;
 use crate::state::open_stores::StoreRole;
 use crate::state::store::TaskStore;
-use crate::task::Task;
+use crate::task::{InputKind, Task};
+
+/// Opens tasks of one engine, on whichever thread: a clone of its
+/// processor, its inputs' kinds and its clock.
+pub(crate) struct TaskOpener<P: Processor> {
+    processor: P,
+    kinds: Vec<InputKind>,
+    clock: Clock,
+}
+
+impl<P: Processor> TaskOpener<P> {
+    /// Task `partition` over `store`, which holds its committed state, with
+    /// its timers and clocks loaded from it; its store answers queries as
+    /// the active one from now on.
+    pub fn open(&self, partition: i32, store: TaskStore) -> anyhow::Result<Task<P>> {
+        store.serve_queries_as(StoreRole::Active);
+        Task::open(
+            partition,
+            self.processor.clone(),
+            store,
+            &self.kinds,
+            self.clock.now(),
+        )
+    }
+}
 
 impl<P: Processor> Engine<P> {
     /// The topics (subscription index, name) whose partition *p* belongs to task *p*.
@@ -16,6 +41,11 @@ impl<P: Processor> Engine<P> {
             .filter(|(_, subscription)| subscription.route.feeds_task())
             .map(|(index, subscription)| (index, subscription.topic.clone()))
             .collect()
+    }
+
+    /// The tasks open, by partition.
+    pub fn open_tasks(&self) -> impl Iterator<Item = i32> + '_ {
+        self.tasks.keys().copied()
     }
 
     /// Whether task `partition` is open.
@@ -45,16 +75,73 @@ impl<P: Processor> Engine<P> {
 
     /// Opens task `partition` over `store`, which holds its committed state.
     pub fn open_task(&mut self, partition: i32, store: TaskStore) -> anyhow::Result<()> {
-        store.serve_queries_as(StoreRole::Active);
-        let task = Task::open(
-            partition,
-            self.processor.clone(),
-            store,
-            &self.kinds,
-            self.clock.now(),
-        )?;
-        self.tasks.insert(partition, task);
+        let task = self.task_opener().open(partition, store)?;
+        self.install_task(task);
         Ok(())
+    }
+
+    /// What opens this engine's tasks, to be sent to another thread: loading
+    /// a task's timers from a large state takes long, and is done off the
+    /// processing thread (see [`TaskOpener::open`]).
+    pub fn task_opener(&self) -> TaskOpener<P> {
+        TaskOpener {
+            processor: self.processor.clone(),
+            kinds: self.kinds.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+
+    /// Runs `task`, opened by this engine's [`TaskOpener`].
+    pub fn install_task(&mut self, task: Task<P>) {
+        self.tasks.insert(task.partition, task);
+    }
+
+    /// Sets every open task aside, just after a commit, for an eager
+    /// rebalance: the group takes every partition back and hands out a new
+    /// assignment, which gives most tasks back to the instance that had
+    /// them. A task given back runs again at once ([`Self::resume_task`]),
+    /// with no restore and no reloading of its timers; the others close
+    /// when the assignment comes ([`Self::close_suspended`]). Returns the
+    /// tasks set aside; a task that cannot be (jobs in flight) stays, and
+    /// closes with its partitions.
+    pub fn suspend_tasks(&mut self) -> Vec<i32> {
+        let suspendable: Vec<i32> = self
+            .tasks
+            .iter_mut()
+            .filter_map(|(partition, task)| task.suspend().then_some(*partition))
+            .collect();
+        for partition in &suspendable {
+            let task = self.tasks.remove(partition).expect("an open task");
+            self.suspended.insert(*partition, task);
+        }
+        suspendable
+    }
+
+    /// Runs suspended task `partition` again; false if there is none.
+    pub fn resume_task(&mut self, partition: i32) -> bool {
+        match self.suspended.remove(&partition) {
+            Some(task) => {
+                self.tasks.insert(partition, task);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether task `partition` is suspended.
+    pub fn is_suspended(&self, partition: i32) -> bool {
+        self.suspended.contains_key(&partition)
+    }
+
+    /// Closes every suspended task (the assignment gave them to others) and
+    /// returns them.
+    pub fn close_suspended(&mut self) -> Vec<i32> {
+        let closed: Vec<i32> = self.suspended.keys().copied().collect();
+        for partition in &closed {
+            self.suspended.remove(partition);
+            tracing::info!(partition, "task closed");
+        }
+        closed
     }
 
     /// Skips records of `subscription`'s `partition` below `offset`: they are
@@ -96,11 +183,6 @@ impl<P: Processor> Engine<P> {
     /// Whether the service has been asked to stop.
     pub fn shutdown_requested(&self) -> bool {
         self.shutdown.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The flag a signal sets, for waits that must give up on it.
-    pub fn shutdown_flag(&self) -> &std::sync::atomic::AtomicBool {
-        &self.shutdown
     }
 
     /// Counts changelog records replayed into local state.

@@ -144,6 +144,10 @@ pub(crate) struct Engine<P: Processor> {
     subscriptions: Vec<Subscription>,
     kinds: Vec<InputKind>,
     tasks: BTreeMap<i32, Task<P>>,
+    /// Tasks set aside by a revocation of every partition (an eager
+    /// rebalance), to run again as they are if the assignment that follows
+    /// gives them back (see [`Engine::suspend_tasks`]).
+    suspended: BTreeMap<i32, Task<P>>,
     pub(crate) collector: Collector,
     output: OutputEncoder,
     side: SideTopics,
@@ -206,6 +210,7 @@ impl<P: Processor> Engine<P> {
             subscriptions: parts.subscriptions,
             kinds,
             tasks: BTreeMap::new(),
+            suspended: BTreeMap::new(),
             collector: parts.collector,
             output: parts.output,
             side: parts.side,

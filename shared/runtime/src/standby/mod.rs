@@ -53,23 +53,48 @@ const WRITE_BATCH: usize = 10_000;
 /// process: the standby thread keeps its hands off them.
 #[derive(Default)]
 pub(crate) struct ActiveTasks {
-    tasks: Mutex<BTreeSet<i32>>,
+    /// The processing threads (by index) that hold each task. A task moving
+    /// between two threads of the process is held by both for a moment:
+    /// the new owner opens it while the old one, which had set it aside in
+    /// an eager rebalance, closes it.
+    tasks: Mutex<BTreeMap<i32, BTreeSet<usize>>>,
     /// Bumped on every change, so that the standby thread can check for one
     /// between two records without taking the lock.
     changes: AtomicU64,
 }
 
-impl ActiveTasks {
-    /// Marks task `partition` active (about to be opened) or not (closed).
+/// One processing thread's hold on [`ActiveTasks`].
+pub(crate) struct ThreadTasks {
+    shared: Arc<ActiveTasks>,
+    thread: usize,
+}
+
+impl ThreadTasks {
+    /// Marks task `partition` held by this thread (about to be opened) or
+    /// not (closed).
     pub fn set(&self, partition: i32, active: bool) {
-        let mut tasks = self.tasks.lock().unwrap();
+        let mut tasks = self.shared.tasks.lock().unwrap();
+        let holders = tasks.entry(partition).or_default();
         let changed = if active {
-            tasks.insert(partition)
+            holders.insert(self.thread)
         } else {
-            tasks.remove(&partition)
+            holders.remove(&self.thread)
         };
+        if holders.is_empty() {
+            tasks.remove(&partition);
+        }
         if changed {
-            self.changes.fetch_add(1, Ordering::Release);
+            self.shared.changes.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+impl ActiveTasks {
+    /// Processing thread `thread`'s hold on these tasks.
+    pub fn for_thread(self: &Arc<Self>, thread: usize) -> ThreadTasks {
+        ThreadTasks {
+            shared: self.clone(),
+            thread,
         }
     }
 
@@ -78,7 +103,7 @@ impl ActiveTasks {
     }
 
     fn snapshot(&self) -> BTreeSet<i32> {
-        self.tasks.lock().unwrap().clone()
+        self.tasks.lock().unwrap().keys().copied().collect()
     }
 }
 
@@ -441,4 +466,32 @@ fn write_staged(standby: &mut Standby) -> anyhow::Result<()> {
     }
     let batch = std::mem::replace(&mut standby.batch, standby.store.restore_batch());
     standby.store.write_restored(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_held_by_two_threads_is_active_until_both_let_go() {
+        let active = Arc::new(ActiveTasks::default());
+        let (old_owner, new_owner) = (active.for_thread(0), active.for_thread(1));
+        old_owner.set(3, true);
+        let before = active.changes();
+        // The new owner opens it before the old one, which set it aside in
+        // an eager rebalance, has closed it.
+        new_owner.set(3, true);
+        old_owner.set(3, false);
+        assert_eq!(active.snapshot(), BTreeSet::from([3]));
+        assert!(active.changes() > before);
+        new_owner.set(3, false);
+        assert!(active.snapshot().is_empty());
+        let settled = active.changes();
+        new_owner.set(3, false);
+        assert_eq!(
+            active.changes(),
+            settled,
+            "letting go twice changes nothing"
+        );
+    }
 }

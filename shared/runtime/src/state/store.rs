@@ -188,37 +188,23 @@ impl TaskStore {
         Ok(Self::with_db(Arc::new(db), path, names, resources))
     }
 
-    /// Opens like [`TaskStore::open`], waiting up to `patience` while the
-    /// database is locked, unless `give_up` says to stop.
+    /// Opens like [`TaskStore::open`], or `None` while another handle (a
+    /// thread of this process, or another process) holds the database.
     ///
     /// A task's directory is the same on every processing thread of the
     /// process (`task-<p>`), so a task that moves from one thread to another
-    /// keeps its local state. The group hands a task over only once its
-    /// previous thread has revoked (and closed) it, but a thread that lost it
-    /// without a revocation (dropped from the group after a stall) closes it
-    /// a little later: meanwhile RocksDB refuses the second handle.
-    pub fn open_when_unlocked(
+    /// keeps its local state. The thread that had it closes it a little
+    /// after the group hands it over (at its own assignment, or later if it
+    /// lost it without a revocation): meanwhile RocksDB refuses the second
+    /// handle, and the task's new owner tries again.
+    pub fn try_open(
         path: &Path,
         names: &[String],
         resources: &StateResources,
-        patience: std::time::Duration,
-        give_up: &dyn Fn() -> bool,
-    ) -> anyhow::Result<Self> {
-        let deadline = std::time::Instant::now() + patience;
-        let mut warned = false;
-        loop {
-            match Self::open(path, names, resources) {
-                Err(error) if is_locked(&error) && give_up() => {
-                    return Err(crate::shutdown::Interrupted.into())
-                }
-                Err(error) if is_locked(&error) && std::time::Instant::now() < deadline => {
-                    if !std::mem::replace(&mut warned, true) {
-                        tracing::info!(path = %path.display(), "state store locked by its previous owner; waiting");
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                result => return result,
-            }
+    ) -> anyhow::Result<Option<Self>> {
+        match Self::open(path, names, resources) {
+            Err(error) if is_locked(&error) => Ok(None),
+            result => result.map(Some),
         }
     }
 
@@ -549,35 +535,11 @@ pub(super) mod tests {
             .err()
             .expect("locked");
         assert!(is_locked(&refused), "{refused:#}");
-        let gave_up = TaskStore::open_when_unlocked(
-            &dir,
-            &names,
-            &resources,
-            std::time::Duration::from_secs(5),
-            &|| true,
-        );
-        assert!(gave_up.is_err(), "gives up when told to");
-        let (opened, waited) = std::thread::scope(|scope| {
-            let opener = scope.spawn(|| {
-                let started = std::time::Instant::now();
-                let opened = TaskStore::open_when_unlocked(
-                    &dir,
-                    &names,
-                    &resources,
-                    std::time::Duration::from_secs(30),
-                    &|| false,
-                );
-                (opened, started.elapsed())
-            });
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            drop(store);
-            opener.join().unwrap()
-        });
-        assert!(opened.is_ok(), "{:#}", opened.err().unwrap());
-        assert!(
-            waited >= std::time::Duration::from_millis(250),
-            "{waited:?}"
-        );
+        let locked = TaskStore::try_open(&dir, &names, &resources).unwrap();
+        assert!(locked.is_none(), "not opened while another handle holds it");
+        drop(store);
+        let opened = TaskStore::try_open(&dir, &names, &resources).unwrap();
+        assert!(opened.is_some(), "opened once that handle is closed");
         drop(opened);
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -190,6 +190,8 @@ impl<P: Processor> KafkaStage<P> {
 
     /// Final commit and flush on shutdown.
     pub(super) fn close(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        // Restores in progress stop, keeping what they wrote.
+        self.updater.stop();
         self.commit(consumer)?;
         self.delivery.close();
         Ok(())

@@ -28,6 +28,7 @@
 mod commit_in_flight;
 mod rebalance;
 mod run_loop;
+mod state_updater;
 mod store_opening;
 
 use std::collections::{BTreeSet, HashSet};
@@ -48,13 +49,15 @@ use crate::collector::{ChangelogPartition, Collector, Headers, RecordView};
 use crate::config::ProcessingGuarantee;
 use crate::delivery::{Delivery, Outgoing, UNTRACKED};
 use crate::engine::{Engine, Incoming};
-use crate::metrics::{self, PhaseTimes, Snapshot, StageActivity, StageMetrics};
+use crate::metrics::{self, PhaseTimes, Snapshot, StageActivity, StageMetrics, ThreadState};
 use crate::processor::Processor;
 use crate::restore::Restorer;
-use crate::standby::ActiveTasks;
+use crate::standby::ThreadTasks;
 use crate::state::store::StateResources;
 use crate::watermark::Announcement;
 use commit_in_flight::SealedCommit;
+use state_updater::StateUpdater;
+use store_opening::StoreOpener;
 
 /// A stage's engine with its Kafka clients.
 pub(crate) struct KafkaStage<P: Processor> {
@@ -62,12 +65,12 @@ pub(crate) struct KafkaStage<P: Processor> {
     group_id: String,
     engine: Engine<P>,
     delivery: Delivery,
-    restorer: Restorer,
+    /// Opens tasks off this thread (see [`state_updater`]).
+    updater: StateUpdater<P>,
     guarantee: ProcessingGuarantee,
-    state_dir: PathBuf,
-    /// The tasks open in this process, shared with the standby thread.
-    active: Arc<ActiveTasks>,
-    resources: StateResources,
+    /// This thread's hold on the tasks open in this process, which the
+    /// standby thread keeps its hands off.
+    active: ThreadTasks,
     metrics: StageMetrics,
     /// Progress and restores as they happen, for `/healthz` and `/metrics`.
     activity: Arc<StageActivity>,
@@ -77,6 +80,9 @@ pub(crate) struct KafkaStage<P: Processor> {
     brokers: BrokerWatch,
     /// Assignments received (see [`metrics::REBALANCES`]).
     rebalances: u64,
+    /// Whether an assignment has come since the start, or since the last
+    /// revocation that took every partition.
+    assigned: bool,
     /// Where the processing thread's time goes.
     phases: PhaseTimes,
     /// Owned partitions of the topics that feed tasks, by (subscription, partition).
@@ -110,8 +116,8 @@ pub(crate) struct KafkaStageParts<P: Processor> {
     pub restorer: Restorer,
     pub guarantee: ProcessingGuarantee,
     pub state_dir: PathBuf,
-    /// The tasks open in this process, shared with the standby thread.
-    pub active: Arc<ActiveTasks>,
+    /// This thread's hold on the tasks open in this process.
+    pub active: ThreadTasks,
     pub resources: StateResources,
     pub metrics: StageMetrics,
 }
@@ -143,7 +149,8 @@ fn kafka_headers(record: &RecordView<'_>) -> Option<OwnedHeaders> {
 }
 
 impl<P: Processor> KafkaStage<P> {
-    pub fn new(parts: KafkaStageParts<P>) -> Self {
+    /// The stage, with its state updater thread started.
+    pub fn new(parts: KafkaStageParts<P>) -> anyhow::Result<Self> {
         let KafkaStageParts {
             group_id,
             engine,
@@ -155,20 +162,33 @@ impl<P: Processor> KafkaStage<P> {
             resources,
             metrics,
         } = parts;
-        KafkaStage {
+        let opener = StoreOpener {
+            state_dir,
+            resources,
+            restorer,
+            guarantee,
+            store_names: engine.store_names().to_vec(),
+            changelogs: engine.changelog_topics(),
+            task_topics: engine
+                .task_topics()
+                .into_iter()
+                .map(|(_, topic)| topic)
+                .collect(),
+        };
+        let updater = StateUpdater::start(opener)?;
+        Ok(KafkaStage {
             group_id,
             engine,
             delivery,
-            restorer,
+            updater,
             guarantee,
-            state_dir,
             active,
-            resources,
             activity: metrics.activity(),
             metrics,
             input_lag: InputLag::default(),
             brokers: BrokerWatch::default(),
             rebalances: 0,
+            assigned: false,
             phases: PhaseTimes::default(),
             owned: HashSet::new(),
             incomplete: BTreeSet::new(),
@@ -176,7 +196,7 @@ impl<P: Processor> KafkaStage<P> {
             fatal: None,
             in_flight: None,
             commit_once_handled: None,
-        }
+        })
     }
 
     /// The stage's engine, to read from.
@@ -268,7 +288,32 @@ impl<P: Processor> KafkaStage<P> {
             vec![],
             self.incomplete.len() as f64,
         );
+        for partition in self.updater.opening() {
+            snapshot.set(
+                metrics::TASK_READY,
+                vec![("task", partition.to_string())],
+                0.0,
+            );
+        }
+        for partition in self.engine.open_tasks() {
+            snapshot.set(
+                metrics::TASK_READY,
+                vec![("task", partition.to_string())],
+                1.0,
+            );
+        }
+        self.thread_state().export(&mut snapshot);
         self.metrics.publish(snapshot);
+    }
+
+    fn thread_state(&self) -> ThreadState {
+        if !self.updater.is_idle() {
+            ThreadState::Restoring
+        } else if !self.assigned || !self.incomplete.is_empty() {
+            ThreadState::Rebalancing
+        } else {
+            ThreadState::Running
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Rebalances: the consumer context through which librdkafka's callbacks
 //! reach the stage, and what an assignment or a revocation does to tasks.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, RebalanceProtocol};
 use rdkafka::error::KafkaError;
@@ -10,7 +10,10 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use std::sync::Mutex;
 
+use super::state_updater::OpenedTask;
+use super::store_opening::CommittedInput;
 use super::KafkaStage;
+use crate::config::ProcessingGuarantee;
 use crate::engine::Engine;
 use crate::processor::Processor;
 
@@ -108,10 +111,11 @@ impl<P: Processor> ConsumerContext for StageContext<P> {
 }
 
 impl<P: Processor> KafkaStage<P> {
-    /// Takes newly assigned partitions: opens (and restores) every task whose
-    /// partitions are now all here. A task of which only some partitions
-    /// are here (an incremental rebalance moves them one by one) stays
-    /// closed, its partitions paused, until the rest arrives.
+    /// Takes newly assigned partitions: asks the state updater to open (and
+    /// restore) every task whose partitions are now all here, and returns at
+    /// once. A task of which only some partitions are here (an incremental
+    /// rebalance moves them one by one) stays closed, its partitions paused,
+    /// until the rest arrives.
     pub(super) fn assign(
         &mut self,
         consumer: &GroupConsumer<P>,
@@ -119,6 +123,7 @@ impl<P: Processor> KafkaStage<P> {
     ) -> anyhow::Result<()> {
         self.metrics.set_ready(false);
         self.rebalances += 1;
+        self.assigned = true;
         let mut touched: Vec<i32> = Vec::new();
         for element in partitions.elements() {
             let Some(index) = self.engine.subscription_index(element.topic()) else {
@@ -134,24 +139,29 @@ impl<P: Processor> KafkaStage<P> {
         for partition in touched {
             self.settle_task(consumer, partition)?;
         }
+        for partition in self.engine.close_suspended() {
+            self.active.set(partition, false);
+        }
         self.publish_metrics();
-        self.metrics.set_ready(true);
+        // Ready once every task asked for is open (see `install_opened`).
+        self.metrics.set_ready(self.updater.is_idle());
         self.commit_once_handled = Some(self.engine.handled_records());
         Ok(())
     }
 
-    /// Opens task `partition` if all its partitions are owned and it is not
-    /// open; pauses what is owned of it otherwise.
+    /// Asks for task `partition` to be opened if all its partitions are
+    /// owned and it is neither open nor opening; its partitions stay paused
+    /// until it is open. Pauses what is owned of an incomplete task.
     pub(super) fn settle_task(
         &mut self,
         consumer: &GroupConsumer<P>,
         partition: i32,
     ) -> anyhow::Result<()> {
         let task_topics = self.engine.task_topics();
-        let owned: Vec<&String> = task_topics
+        let owned: Vec<&str> = task_topics
             .iter()
             .filter(|(index, _)| self.owned.contains(&(*index, partition)))
-            .map(|(_, topic)| topic)
+            .map(|(_, topic)| topic.as_str())
             .collect();
         let mut list = TopicPartitionList::new();
         for topic in &owned {
@@ -173,21 +183,74 @@ impl<P: Processor> KafkaStage<P> {
             consumer.pause(&list)?;
             return Ok(());
         }
-        if self.incomplete.remove(&partition) {
-            consumer.resume(&list)?;
+        let was_incomplete = self.incomplete.remove(&partition);
+        if self.engine.resume_task(partition) {
+            tracing::info!(partition, "task resumed");
         }
         if self.engine.has_task(partition) {
+            if was_incomplete {
+                consumer.resume(&list)?;
+            }
             return Ok(());
         }
-        let started = Instant::now();
+        // Its records wait until the task is open (`install_opened`).
+        consumer.pause(&list)?;
+        if self.updater.is_opening(partition) {
+            return Ok(());
+        }
         self.active.set(partition, true);
-        let store = self.open_store(consumer, partition)?;
-        self.engine.open_task(partition, store)?;
-        tracing::info!(
-            partition,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "task ready"
-        );
+        let committed = if self.guarantee == ProcessingGuarantee::AtLeastOnce {
+            let stores = self.engine.store_names().len();
+            Some(CommittedInput::read(consumer, &owned, partition, stores)?)
+        } else {
+            None
+        };
+        tracing::info!(partition, "opening task");
+        self.updater
+            .request(partition, committed, self.engine.task_opener());
+        Ok(())
+    }
+
+    /// Runs the tasks the state updater has opened since the last call and
+    /// resumes their partitions; the stage is ready once no task is left
+    /// opening.
+    pub(super) fn install_opened(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        let opened = self.updater.take_opened()?;
+        if opened.is_empty() {
+            return Ok(());
+        }
+        let task_topics = self.engine.task_topics();
+        for OpenedTask {
+            task,
+            restored,
+            positions,
+            elapsed,
+        } in opened
+        {
+            let partition = task.partition;
+            self.engine.count_restored(restored);
+            for ((index, _), position) in task_topics.iter().zip(positions) {
+                if let Some(position) = position {
+                    self.engine.skip_below(*index, partition, position);
+                }
+            }
+            self.engine.install_task(task);
+            let mut list = TopicPartitionList::new();
+            for (_, topic) in &task_topics {
+                list.add_partition(topic, partition);
+            }
+            consumer.resume(&list)?;
+            tracing::info!(
+                partition,
+                restored,
+                elapsed_ms = elapsed.as_millis() as u64,
+                "task ready"
+            );
+        }
+        if self.updater.is_idle() {
+            self.metrics.set_ready(true);
+        }
+        self.publish_metrics();
         Ok(())
     }
 
@@ -199,6 +262,13 @@ impl<P: Processor> KafkaStage<P> {
         partitions: &TopicPartitionList,
     ) -> anyhow::Result<()> {
         self.commit(consumer)?;
+        // An eager rebalance takes every partition back, and the assignment
+        // that follows mostly gives them back: the tasks wait for it as they
+        // are, instead of closing and opening again (reloading their timers).
+        if matches!(consumer.rebalance_protocol(), RebalanceProtocol::Eager) {
+            let tasks = self.engine.suspend_tasks();
+            tracing::info!(?tasks, "tasks set aside for the rebalance");
+        }
         // librdkafka keeps a partition's pause through its revocation: one
         // paused here (its task incomplete) and assigned back later would
         // never be fetched again. Resuming one that is not paused is a no-op.
@@ -220,6 +290,8 @@ impl<P: Processor> KafkaStage<P> {
         touched.sort_unstable();
         touched.dedup();
         for partition in touched {
+            // A task still opening stops; what it restored stays.
+            self.updater.cancel(partition);
             let task_topics = self.engine.task_topics();
             for (index, _) in &task_topics {
                 self.engine.release(*index, partition);
@@ -242,10 +314,18 @@ impl<P: Processor> KafkaStage<P> {
                 consumer.seek(topic, partition, offset, Duration::from_secs(10))?;
             }
             self.settle_task(consumer, partition)?;
-            self.active.set(partition, self.engine.has_task(partition));
+            self.active.set(
+                partition,
+                self.engine.has_task(partition)
+                    || self.engine.is_suspended(partition)
+                    || self.updater.is_opening(partition),
+            );
             if !self.owned.iter().any(|(_, p)| *p == partition) {
                 self.incomplete.remove(&partition);
             }
+        }
+        if self.owned.is_empty() {
+            self.assigned = false;
         }
         self.publish_metrics();
         Ok(())

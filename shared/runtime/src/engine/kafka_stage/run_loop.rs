@@ -40,6 +40,7 @@ impl<P: Processor> KafkaStage<P> {
     /// if its records are acknowledged, and seals the next one when the
     /// interval has passed.
     pub(super) fn tick(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        self.install_opened(consumer)?;
         let started = Instant::now();
         self.delivery.poll();
         let hold = self.holds_output();

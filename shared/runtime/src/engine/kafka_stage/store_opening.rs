@@ -1,66 +1,157 @@
 //! How a task's store is brought up to date when the task opens: the
 //! decision is pure ([`opening_with_reach`], [`opening_without_reach`]); the
-//! reads and the restore around it are the stage's.
+//! reads and the restore around it are the [`StoreOpener`]'s, which the
+//! state updater thread owns.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
-use super::rebalance::{committed_for, committed_list};
-use super::{GroupConsumer, KafkaStage};
+use super::rebalance::committed_list;
+use super::GroupConsumer;
 use crate::config::ProcessingGuarantee;
 use crate::processor::Processor;
-use crate::restore::{ChangelogReach, StaleLocalState};
-use crate::state::store::TaskStore;
+use crate::restore::{ChangelogReach, Restorer, StaleLocalState};
+use crate::state::store::{StateResources, TaskStore};
 use crate::task::stored_positions;
 use rdkafka::Offset;
 
-/// How long a task waits for its store while another thread of the process
-/// still holds it: longer than a thread's commit and close take.
-const STATE_LOCK_PATIENCE: Duration = Duration::from_secs(60);
+/// The group's last commit of a task's input offsets, read on the
+/// processing thread (which owns the group consumer) and handed to the
+/// [`StoreOpener`] with the task. Read only at-least-once.
+#[derive(Debug, Clone)]
+pub(super) struct CommittedInput {
+    /// The committed offset of each task topic, in task-topic order.
+    offsets: Vec<Option<i64>>,
+    /// The changelog reach the commit carries: nothing when no offset was
+    /// ever committed, `None` when the offsets carry no reach (an earlier
+    /// version committed them).
+    reach: Option<ChangelogReach>,
+}
 
-impl<P: Processor> KafkaStage<P> {
-    /// Opens task `partition`'s store and brings it up to date.
+impl CommittedInput {
+    /// Reads the group's committed offsets of `topics` at `partition`, with
+    /// the reach of a task of `stores` stores.
+    pub(super) fn read<P: Processor>(
+        consumer: &GroupConsumer<P>,
+        topics: &[&str],
+        partition: i32,
+        stores: usize,
+    ) -> anyhow::Result<Self> {
+        let committed = committed_list(consumer, topics, partition)?;
+        let offsets = topics
+            .iter()
+            .map(|topic| {
+                match committed
+                    .find_partition(topic, partition)
+                    .map(|e| e.offset())
+                {
+                    Some(Offset::Offset(offset)) => Some(offset),
+                    _ => None,
+                }
+            })
+            .collect::<Vec<_>>();
+        let mut reach: Option<ChangelogReach> = None;
+        for element in committed.elements() {
+            if !matches!(element.offset(), Offset::Offset(_)) {
+                continue;
+            }
+            if let Some(found) = ChangelogReach::from_metadata(element.metadata(), stores) {
+                reach = Some(match reach {
+                    Some(reach) => reach.furthest(found),
+                    None => found,
+                });
+            }
+        }
+        let reach = if offsets.iter().any(Option::is_some) {
+            reach
+        } else {
+            Some(ChangelogReach::nothing(stores))
+        };
+        Ok(CommittedInput { offsets, reach })
+    }
+}
+
+/// A task's store, brought up to date: what the processing thread needs
+/// to run the task over it.
+pub(super) struct OpenedStore {
+    pub store: TaskStore,
+    /// Changelog records replayed into it.
+    pub restored: u64,
+    /// At-least-once, the next input offset of each task topic (by task
+    /// topic index) recorded with the state: records below it are in the
+    /// state already.
+    pub positions: Vec<Option<i64>>,
+}
+
+/// Opens task stores and brings them up to date; owned by the state
+/// updater thread, so that a restore never holds up processing.
+pub(super) struct StoreOpener {
+    pub state_dir: PathBuf,
+    pub resources: StateResources,
+    pub restorer: Restorer,
+    pub guarantee: ProcessingGuarantee,
+    /// The store names, by store index.
+    pub store_names: Vec<String>,
+    /// The changelog topic of each store, by store index.
+    pub changelogs: Vec<String>,
+    /// The task topics' names, in task-topic order.
+    pub task_topics: Vec<String>,
+}
+
+impl StoreOpener {
+    /// Task `partition`'s store, opened, or `None` while another thread or
+    /// process holds it (see [`TaskStore::try_open`]).
+    pub fn try_open_store(&self, partition: i32) -> anyhow::Result<Option<TaskStore>> {
+        TaskStore::try_open(
+            &self.task_dir(partition),
+            &self.store_names,
+            &self.resources,
+        )
+    }
+
+    /// Where task `partition`'s store lives.
+    pub fn task_dir(&self, partition: i32) -> PathBuf {
+        self.state_dir.join(format!("task-{partition}"))
+    }
+
+    /// Brings task `partition`'s `store`, just opened, up to date.
     ///
     /// Local state is committed state, with the changelog offset each store
     /// reaches: replay each changelog past its checkpoint. Under
     /// exactly-once, to its end (read_committed). Under at-least-once, only
-    /// as far as the last offset commit reaches (see [`ChangelogReach`]);
-    /// local state that reaches further (offsets reset or expired) is
-    /// dropped and rebuilt. Records below the input positions kept in state
-    /// are then skipped instead of applied twice. Local state past the end
-    /// of a changelog (deleted and recreated by a reset) is wiped and
-    /// restored, with a warning ([`StaleLocalState`]).
-    pub(super) fn open_store(
-        &mut self,
-        consumer: &GroupConsumer<P>,
+    /// as far as the last offset commit (`committed`) reaches (see
+    /// [`ChangelogReach`]); local state that reaches further (offsets reset
+    /// or expired) is dropped and rebuilt. Records below the input positions
+    /// kept in state are then skipped instead of applied twice. Local state
+    /// past the end of a changelog (deleted and recreated by a reset) is
+    /// wiped and restored, with a warning ([`StaleLocalState`]).
+    ///
+    /// Once `cancel` is set (the task was revoked, or the service stops),
+    /// the restore stops with `Interrupted`; what was restored so far
+    /// stays, with its checkpoint.
+    pub fn bring_up_to_date(
+        &self,
         partition: i32,
-    ) -> anyhow::Result<TaskStore> {
-        let path = self.state_dir.join(format!("task-{partition}"));
-        let mut store = self.open_task_store(&path)?;
-        let task_topics = self.engine.task_topics();
-        let names: Vec<&str> = task_topics.iter().map(|(_, name)| name.as_str()).collect();
-        let at_least_once = self.guarantee == ProcessingGuarantee::AtLeastOnce;
-        let opening = if at_least_once {
-            let stores = self.engine.store_names().len();
-            match committed_reach(consumer, &names, partition, stores)? {
-                Some(committed) => {
-                    let local = (0..stores)
+        mut store: TaskStore,
+        committed: Option<&CommittedInput>,
+        cancel: &AtomicBool,
+    ) -> anyhow::Result<OpenedStore> {
+        let path = self.task_dir(partition);
+        let names: Vec<&str> = self.task_topics.iter().map(String::as_str).collect();
+        let opening = match committed {
+            Some(committed) => match &committed.reach {
+                Some(reach) => {
+                    let local = (0..self.store_names.len())
                         .map(|index| store.checkpoint(index))
                         .collect::<anyhow::Result<Vec<_>>>()?;
-                    opening_with_reach(committed, &local)
+                    opening_with_reach(reach.clone(), &local)
                 }
                 None => {
                     let local = stored_positions(&mut store, &names)?;
-                    let committed = if local.iter().any(Option::is_some) {
-                        committed_for(consumer, &names, partition)?
-                    } else {
-                        Vec::new()
-                    };
-                    opening_without_reach(&local, &committed)
+                    opening_without_reach(&local, &committed.offsets)
                 }
-            }
-        } else {
-            Opening::Replay { reach: None }
+            },
+            None => Opening::Replay { reach: None },
         };
         let reach = match opening {
             Opening::Trust => None,
@@ -71,95 +162,48 @@ impl<P: Processor> KafkaStage<P> {
                 Some(reach)
             }
         };
+        let mut restored = 0;
         if let Some(reach) = reach {
-            let changelogs = self.engine.changelog_topics();
-            let shutdown = self.engine.shutdown_flag();
-            let restored = match self.restorer.restore(
+            restored = match self.restorer.restore(
                 &mut store,
-                &changelogs,
+                &self.changelogs,
                 partition,
                 reach.as_ref(),
-                shutdown,
+                cancel,
             ) {
                 Err(error) if error.is::<StaleLocalState>() => {
                     tracing::warn!(partition, "{error}; wiping it and restoring the task");
                     store = self.wipe_store(store, &path)?;
                     self.restorer.restore(
                         &mut store,
-                        &changelogs,
+                        &self.changelogs,
                         partition,
                         reach.as_ref(),
-                        shutdown,
+                        cancel,
                     )?
                 }
                 restored => restored?,
             };
-            self.engine.count_restored(restored);
         }
-        if at_least_once {
-            for ((index, _), position) in task_topics
-                .iter()
-                .zip(stored_positions(&mut store, &names)?)
-            {
-                if let Some(position) = position {
-                    self.engine.skip_below(*index, partition, position);
-                }
-            }
-        }
-        Ok(store)
+        let positions = if self.guarantee == ProcessingGuarantee::AtLeastOnce {
+            stored_positions(&mut store, &names)?
+        } else {
+            Vec::new()
+        };
+        Ok(OpenedStore {
+            store,
+            restored,
+            positions,
+        })
     }
 
     /// Deletes the store at `path` and opens it empty.
-    pub(super) fn wipe_store(&self, store: TaskStore, path: &Path) -> anyhow::Result<TaskStore> {
+    fn wipe_store(&self, store: TaskStore, path: &Path) -> anyhow::Result<TaskStore> {
         drop(store);
         std::fs::remove_dir_all(path)?;
-        self.open_task_store(path)
+        TaskStore::try_open(path, &self.store_names, &self.resources)?
+            .ok_or_else(|| anyhow::anyhow!("{} was locked again once wiped", path.display()))
     }
-
-    /// Opens the task store at `path`, waiting while the processing thread
-    /// that had the task before still holds it (see
-    /// [`TaskStore::open_when_unlocked`]).
-    pub(super) fn open_task_store(&self, path: &Path) -> anyhow::Result<TaskStore> {
-        TaskStore::open_when_unlocked(
-            path,
-            self.engine.store_names(),
-            &self.resources,
-            STATE_LOCK_PATIENCE,
-            &|| self.engine.shutdown_requested(),
-        )
-    }
-}
-
-/// The changelog reach of the group's last commit of task `partition`'s
-/// input offsets (`topics`), at-least-once: nothing when no offset was ever
-/// committed, `None` when the offsets carry no reach (an earlier version
-/// committed them).
-fn committed_reach<P: Processor>(
-    consumer: &GroupConsumer<P>,
-    topics: &[&str],
-    partition: i32,
-    stores: usize,
-) -> anyhow::Result<Option<ChangelogReach>> {
-    let committed = committed_list(consumer, topics, partition)?;
-    let mut any_offset = false;
-    let mut reach: Option<ChangelogReach> = None;
-    for element in committed.elements() {
-        if !matches!(element.offset(), Offset::Offset(_)) {
-            continue;
-        }
-        any_offset = true;
-        if let Some(found) = ChangelogReach::from_metadata(element.metadata(), stores) {
-            reach = Some(match reach {
-                Some(reach) => reach.furthest(found),
-                None => found,
-            });
-        }
-    }
-    Ok(if any_offset {
-        reach
-    } else {
-        Some(ChangelogReach::nothing(stores))
-    })
 }
 
 /// How a task's store is brought up to date when the task opens.
