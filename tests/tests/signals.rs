@@ -3,7 +3,8 @@
 //! runs, while a task restores its changelog, and while start-up is stuck
 //! in one request to the broker. Each stop is prompt and exits cleanly
 //! (0), or with 143 when start-up did not notice within its grace, and
-//! loses or doubles nothing: a later run gives the exact output.
+//! loses or doubles nothing: a later run gives the exact output. And
+//! kill -9 during a restore, which keeps what the restore wrote.
 //! Sessionizer on the real stack.
 
 use std::os::unix::process::ExitStatusExt;
@@ -17,6 +18,9 @@ use serde_json::Value;
 const BASE: i64 = 1_783_345_153_000;
 /// The sessionizer's default inactivity timeout.
 const SESSION_TIMEOUT: i64 = 30_000;
+/// Changelog records a restore writes per batch, with its checkpoint
+/// (`restore.rs`).
+const RESTORE_BATCH: u64 = 50_000;
 /// How long a stop may take, at most, in these tests.
 const PROMPT: Duration = Duration::from_secs(10);
 
@@ -162,7 +166,7 @@ fn a_signal_while_waiting_for_the_input_topic_stops_at_once() {
 }
 
 #[test]
-fn a_signal_during_a_restore_stops_it_and_the_next_start_goes_on_from_there() {
+fn a_signal_or_a_kill_during_a_restore_keeps_what_it_wrote_and_the_next_start_goes_on() {
     // One task holding many open sessions (one LOGIN each, no output yet):
     // ~1.8 changelog records per user, restored in ~4 s by a debug build.
     const USERS: usize = 100_000;
@@ -262,21 +266,61 @@ fn a_signal_during_a_restore_stops_it_and_the_next_start_goes_on_from_there() {
         third.log()
     );
 
+    let stopped = signal_and_wait(third, "TERM");
+    stopped.assert_prompt_exit(0, "the resumed restore's stop");
+
+    // kill -9 in the middle of a whole restore: the batches written before
+    // it stay, with their checkpoint, and the restart restores only the
+    // rest (what the last progress report left, and at most the batch that
+    // was being written at the kill).
+    let killed = Service::start_with_state("sessionizer", &arguments, fresh_state_dir());
+    let mut remaining_at_kill = 0.0;
+    assert!(
+        eventually_every(Duration::from_millis(5), Duration::from_secs(60), || {
+            remaining_at_kill =
+                metric_sum(&killed.metrics(), "streams_restore_remaining_records").unwrap_or(0.0);
+            remaining_at_kill > 0.0 && remaining_at_kill < changelog as f64
+        }),
+        "no restore progress to kill in; log:\n{}",
+        killed.log()
+    );
+    let killed_state = killed.state_dir.clone();
+    let killed_log = killed.log_path();
+    killed.kill();
+    let killed_log = std::fs::read_to_string(killed_log).unwrap_or_default();
+    assert!(
+        !killed_log.contains("task ready"),
+        "the restore ended before the kill; make the state larger. Log:\n{killed_log}"
+    );
+    let restarted = Service::start_with_state("sessionizer", &arguments, killed_state);
+    restarted.wait_for_log("task ready", Duration::from_secs(120));
+    let restored_after_kill = logged_sum(&restarted.log(), "restored changelog", "records");
+    println!(
+        "kill -9 with {remaining_at_kill} of {changelog} records left to restore; the restart \
+         restored {restored_after_kill}"
+    );
+    assert!(
+        restored_after_kill > 0
+            && restored_after_kill as f64 <= remaining_at_kill + RESTORE_BATCH as f64,
+        "the restart restores what the killed restore had not written, no more; log:\n{}",
+        restarted.log()
+    );
+
     // Every session is there, once: a far later event times them all out.
     produce(
         input,
         "user-events",
         &[event("closer", "LOGIN", BASE + 10_000_000)],
     );
-    third.wait_consumed(input, 1, Duration::from_secs(120));
+    restarted.wait_consumed(input, 1, Duration::from_secs(120));
     let expected: Vec<Value> = (0..USERS)
         .map(|u| {
             let at = BASE + u as i64;
             session(&user(u), "TIMEOUT", &["LOGIN"], at, at + SESSION_TIMEOUT)
         })
         .collect();
-    assert_same_records(&consume_all(output), &expected, &third.log());
-    third.assert_no_aborted_commit();
+    assert_same_records(&consume_all(output), &expected, &restarted.log());
+    restarted.assert_no_aborted_commit();
     println!("done after {:?}", started.elapsed());
 }
 

@@ -73,13 +73,6 @@ impl<P: Processor> Engine<P> {
         self.consumed_records().saturating_sub(waiting as u64)
     }
 
-    /// Opens task `partition` over `store`, which holds its committed state.
-    pub fn open_task(&mut self, partition: i32, store: TaskStore) -> anyhow::Result<()> {
-        let task = self.task_opener().open(partition, store)?;
-        self.install_task(task);
-        Ok(())
-    }
-
     /// What opens this engine's tasks, to be sent to another thread: loading
     /// a task's timers from a large state takes long, and is done off the
     /// processing thread (see [`TaskOpener::open`]).

@@ -14,8 +14,8 @@
 //! A task that becomes active in this process is handed over through
 //! [`ActiveTasks`]: the processing thread marks it before opening its store;
 //! the standby thread sees the mark within one poll, writes what it has
-//! staged and closes the store, which the processing thread is waiting to
-//! open (see [`TaskStore::open_when_unlocked`]).
+//! staged and closes the store, which the processing thread's state updater
+//! is waiting to open (see [`TaskStore::try_open`]).
 //!
 //! Standbys need exactly-once: under at-least-once a changelog can be ahead
 //! of the committed input offsets, and a copy that far ahead cannot be

@@ -68,7 +68,8 @@ impl<P: Processor> EngineStage<P> {
                 self.engine.store_names(),
                 &self.resources,
             )?;
-            self.engine.open_task(partition, store)?;
+            let task = self.engine.task_opener().open(partition, store)?;
+            self.engine.install_task(task);
         }
         Ok(())
     }
