@@ -269,17 +269,19 @@ fn a_signal_or_a_kill_during_a_restore_keeps_what_it_wrote_and_the_next_start_go
     let stopped = signal_and_wait(third, "TERM");
     stopped.assert_prompt_exit(0, "the resumed restore's stop");
 
-    // kill -9 in the middle of a whole restore: the batches written before
-    // it stay, with their checkpoint, and the restart restores only the
-    // rest (what the last progress report left, and at most the batch that
-    // was being written at the kill).
+    // kill -9 in the middle of a whole restore, once it has handed two
+    // batches to its writer (so the first is written): the batches written
+    // before the kill stay, with their checkpoint, and the restart restores
+    // only the rest (what the last progress report left, and at most the
+    // batch that was being written at the kill).
     let killed = Service::start_with_state("sessionizer", &arguments, fresh_state_dir());
     let mut remaining_at_kill = 0.0;
     assert!(
         eventually_every(Duration::from_millis(5), Duration::from_secs(60), || {
             remaining_at_kill =
                 metric_sum(&killed.metrics(), "streams_restore_remaining_records").unwrap_or(0.0);
-            remaining_at_kill > 0.0 && remaining_at_kill < changelog as f64
+            remaining_at_kill > 0.0
+                && remaining_at_kill <= changelog.saturating_sub(2 * RESTORE_BATCH) as f64
         }),
         "no restore progress to kill in; log:\n{}",
         killed.log()
@@ -301,6 +303,7 @@ fn a_signal_or_a_kill_during_a_restore_keeps_what_it_wrote_and_the_next_start_go
     );
     assert!(
         restored_after_kill > 0
+            && restored_after_kill <= changelog - RESTORE_BATCH
             && restored_after_kill as f64 <= remaining_at_kill + RESTORE_BATCH as f64,
         "the restart restores what the killed restore had not written, no more; log:\n{}",
         restarted.log()

@@ -190,6 +190,7 @@ impl<P: Processor> KafkaStage<P> {
 
     /// Final commit and flush on shutdown.
     pub(super) fn close(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
+        self.closed = true;
         // Restores in progress stop, keeping what they wrote.
         self.updater.stop();
         self.commit(consumer)?;

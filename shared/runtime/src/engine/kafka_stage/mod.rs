@@ -95,6 +95,8 @@ pub(crate) struct KafkaStage<P: Processor> {
     backpressured: HashSet<(usize, i32)>,
     /// An error raised inside a rebalance callback, surfaced by the loop.
     fatal: Option<anyhow::Error>,
+    /// Whether the stage has made its final commit (the consumer closes).
+    closed: bool,
     /// The sealed commit whose records are being acknowledged.
     in_flight: Option<SealedCommit>,
     /// After an assignment: the count of handled records past which the
@@ -194,6 +196,7 @@ impl<P: Processor> KafkaStage<P> {
             incomplete: BTreeSet::new(),
             backpressured: HashSet::new(),
             fatal: None,
+            closed: false,
             in_flight: None,
             commit_once_handled: None,
         })

@@ -34,6 +34,16 @@ impl<P: Processor> StageContext<P> {
         }
     }
 
+    /// Whether the stage has closed, or was dropped after a failure: the
+    /// consumer is closing.
+    fn closing(&self) -> bool {
+        self.stage
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_none_or(|stage| stage.closed)
+    }
+
     /// Reads the stage's engine (between polls: a rebalance holds the stage).
     pub fn with_engine<T>(&self, read: impl FnOnce(&Engine<P>) -> T) -> T {
         let guard = self.stage.lock().unwrap();
@@ -56,7 +66,11 @@ impl<P: Processor> ConsumerContext for StageContext<P> {
     ) {
         let assigning = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
         let revoking = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS;
-        if assigning {
+        // An assignment that arrives while the consumer closes (a join was
+        // under way at the shutdown) is applied and dropped: reading its
+        // committed offsets would wait for a coordinator that is gone.
+        let closing = self.closing();
+        if assigning && !closing {
             start_at_committed(consumer, partitions);
         }
         let rebalance = if assigning {
@@ -96,6 +110,7 @@ impl<P: Processor> ConsumerContext for StageContext<P> {
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
+            Rebalance::Assign(_) if self.closing() => {}
             Rebalance::Assign(partitions) => {
                 let mut guard = self.stage.lock().unwrap();
                 if let Some(stage) = guard.as_mut() {

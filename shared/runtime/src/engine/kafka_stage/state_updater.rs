@@ -153,9 +153,8 @@ impl<P: Processor> StateUpdater<P> {
             self.opening.remove(&outcome.partition);
             match outcome.result {
                 Ok(task) => opened.push(task),
-                Err(error) => {
-                    return Err(error.context(format!("opening task {}", outcome.partition)))
-                }
+                // Errors name the task's store or changelog already.
+                Err(error) => return Err(error),
             }
         }
         Ok(opened)
