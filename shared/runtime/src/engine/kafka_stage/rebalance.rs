@@ -347,19 +347,33 @@ impl<P: Processor> KafkaStage<P> {
     }
 }
 
+/// How long an assignment retries reading its committed offsets (the
+/// group's coordinator moving, or not known yet on a new cluster).
+const COMMITTED_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Sets each of `partitions` to start at its committed offset, or at the
 /// beginning (`auto.offset.reset` is always `earliest`) where none is
-/// committed. Should the committed offsets not come, the list is left as it
-/// is and librdkafka looks them up itself.
+/// committed. A failed read ("not coordinator" while the coordinator
+/// moves) is retried for up to [`COMMITTED_PATIENCE`]: an assignment
+/// without offsets is left to librdkafka to look them up, and a partition
+/// paused while it does (its task opening) was seen never to be fetched
+/// again. Should the offsets still not come, the list is left as it is.
 fn start_at_committed<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     partitions: &mut TopicPartitionList,
 ) {
-    let committed = match consumer.committed_offsets(partitions.clone(), Duration::from_secs(30)) {
-        Ok(committed) => committed,
-        Err(error) => {
-            tracing::warn!(%error, "reading the committed offsets of an assignment");
-            return;
+    let deadline = std::time::Instant::now() + COMMITTED_PATIENCE;
+    let committed = loop {
+        match consumer.committed_offsets(partitions.clone(), COMMITTED_PATIENCE) {
+            Ok(committed) => break committed,
+            Err(error) if std::time::Instant::now() < deadline => {
+                tracing::warn!(%error, "reading the committed offsets of an assignment; retrying");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reading the committed offsets of an assignment");
+                return;
+            }
         }
     };
     for element in committed.elements() {
@@ -373,13 +387,23 @@ fn start_at_committed<C: ConsumerContext>(
 }
 
 /// The group's committed offsets of `topics` at `partition`.
-pub(super) fn committed_for<P: Processor>(
+fn committed_for<P: Processor>(
     consumer: &GroupConsumer<P>,
     topics: &[&str],
     partition: i32,
 ) -> anyhow::Result<Vec<Option<i64>>> {
     let committed = committed_list(consumer, topics, partition)?;
-    Ok(topics
+    Ok(offsets_in(&committed, topics, partition))
+}
+
+/// The offset of each of `topics` at `partition` in `committed`, by topic;
+/// `None` where nothing is committed.
+pub(super) fn offsets_in(
+    committed: &TopicPartitionList,
+    topics: &[&str],
+    partition: i32,
+) -> Vec<Option<i64>> {
+    topics
         .iter()
         .map(|topic| {
             match committed
@@ -390,7 +414,7 @@ pub(super) fn committed_for<P: Processor>(
                 _ => None,
             }
         })
-        .collect())
+        .collect()
 }
 
 /// The group's committed offsets (with their metadata) of `topics` at

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use super::rebalance::committed_list;
+use super::rebalance::{committed_list, offsets_in};
 use super::GroupConsumer;
 use crate::config::ProcessingGuarantee;
 use crate::processor::Processor;
@@ -38,18 +38,7 @@ impl CommittedInput {
         stores: usize,
     ) -> anyhow::Result<Self> {
         let committed = committed_list(consumer, topics, partition)?;
-        let offsets = topics
-            .iter()
-            .map(|topic| {
-                match committed
-                    .find_partition(topic, partition)
-                    .map(|e| e.offset())
-                {
-                    Some(Offset::Offset(offset)) => Some(offset),
-                    _ => None,
-                }
-            })
-            .collect::<Vec<_>>();
+        let offsets = offsets_in(&committed, topics, partition);
         let mut reach: Option<ChangelogReach> = None;
         for element in committed.elements() {
             if !matches!(element.offset(), Offset::Offset(_)) {
