@@ -356,7 +356,7 @@ const COMMITTED_PATIENCE: Duration = Duration::from_secs(30);
 /// committed. A failed read ("not coordinator" while the coordinator
 /// moves) is retried for up to [`COMMITTED_PATIENCE`]: an assignment
 /// without offsets is left to librdkafka to look them up, and a partition
-/// paused while it does (its task opening) was seen never to be fetched
+/// paused while it does (its task opening) was, in one run, never fetched
 /// again. Should the offsets still not come, the list is left as it is.
 fn start_at_committed<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
