@@ -250,11 +250,11 @@ impl<P: Processor> KafkaStage<P> {
                 }
             }
             self.engine.install_task(task);
-            let mut list = TopicPartitionList::new();
-            for (_, topic) in &task_topics {
-                list.add_partition(topic, partition);
-            }
-            consumer.resume(&list)?;
+            let inputs: Vec<(usize, i32)> = task_topics
+                .iter()
+                .map(|(index, _)| (*index, partition))
+                .collect();
+            consumer.resume(&self.partition_list(&inputs))?;
             tracing::info!(
                 partition,
                 restored,
