@@ -562,6 +562,11 @@ impl Service {
         }
     }
 
+    /// Whether the process has ended.
+    pub fn has_exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill(mut self) {
         let _ = self.child.kill();
@@ -604,6 +609,29 @@ pub fn restart_after_kill_9_under_backlog(
     first.wait_consumed(topic, progress, Duration::from_secs(120));
     first.kill();
     Service::start_with_state(binary, arguments, state)
+}
+
+/// Forwards every connection to `127.0.0.1:port` to `target` from now on,
+/// for as long as the test process runs: a broker address that starts
+/// answering when the test says so.
+pub fn forward_port(port: u16, target: &str) {
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let target = target.to_string();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(&target) else {
+                continue;
+            };
+            let pipe = |mut from: TcpStream, mut to: TcpStream| {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            };
+            pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
+            pipe(server, client);
+        }
+    });
 }
 
 /// A minimal HTTP GET; `None` when nothing answers or the status is not 200.

@@ -86,6 +86,39 @@ fn kill_and_restart(run: &Run) -> (Vec<Value>, Service) {
     (output, second)
 }
 
+/// A service started while its broker does not answer waits for it,
+/// alive and not ready, instead of exiting (a crash loop on Kubernetes);
+/// once the broker answers it starts, and the output is exact.
+#[test]
+fn a_service_started_before_its_broker_waits_for_it() {
+    let run = prepare(2, 500, &[]);
+    let port = free_port();
+    let mut arguments = run.arguments.clone();
+    arguments.extend(args(&["--bootstrap-servers", &format!("127.0.0.1:{port}")]));
+    let mut service = Service::start("sessionizer", &arguments);
+    service.wait_for_log(
+        "Kafka does not answer; waiting for it",
+        Duration::from_secs(30),
+    );
+    // Longer than the 10 s after which start-up once gave up.
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(!service.has_exited(), "exited:\n{}", service.log());
+    let status = |path| http_answer(service.http_port, path).map(|(status, _)| status);
+    assert_eq!(status("/healthz"), Some(200), "{}", service.log());
+    assert_eq!(status("/readyz"), Some(503), "{}", service.log());
+    assert!(
+        service.log().matches("waiting for it").count() >= 2,
+        "the wait is reported again while it lasts:\n{}",
+        service.log()
+    );
+
+    forward_port(port, &bootstrap());
+    let output = wait_for_records(&run.output, run.expected.len(), Duration::from_secs(120));
+    assert_same_records(&output, &run.expected, &service.log());
+    service.wait_ready(Duration::from_secs(30));
+    service.assert_no_aborted_commit();
+}
+
 #[test]
 fn kill_9_in_the_middle_then_restart_gives_exact_output() {
     let run = prepare(2, 12_000, &[]);

@@ -1,12 +1,14 @@
 //! SIGTERM and SIGINT at every point of a service's life that is not its
-//! processing loop: while it waits for its input topics, before its stage
-//! runs, while a task restores its changelog, and while start-up is stuck
-//! in one request to the broker. Each stop is prompt and exits cleanly
-//! (0), or with 143 when start-up did not notice within its grace, and
+//! processing loop: while it waits for a broker that does not answer or
+//! for its input topics, before its stage runs, while a task restores its
+//! changelog, and while start-up is stuck in one request. Each stop is
+//! prompt and exits cleanly (0), or with 143 when start-up did not notice
+//! within its grace, and
 //! loses or doubles nothing: a later run gives the exact output. And
 //! kill -9 during a restore, which keeps what the restore wrote.
 //! Sessionizer on the real stack.
 
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -367,26 +369,72 @@ fn a_signal_right_after_start_stops_it_and_commits_nothing_half_done() {
     last.assert_no_aborted_commit();
 }
 
-/// A broker address where nothing listens: start-up then blocks in its
-/// first request (the connection check, 10 s), which does not look at the
-/// shutdown flag.
-fn unreachable_broker_args() -> Vec<String> {
-    let port = free_port().to_string();
+#[test]
+fn a_signal_while_waiting_for_the_broker_stops_at_once() {
     let mut arguments = sessionizer_args(
         &unique("user-events"),
         &unique("user-sessions"),
         &unique("sessionizer-sig"),
         &[],
     );
-    arguments.extend(args(&["--bootstrap-servers", &format!("127.0.0.1:{port}")]));
-    arguments
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    arguments.extend(args(&["--bootstrap-servers", &nowhere]));
+    let service = Service::start("sessionizer", &arguments);
+    service.wait_for_log("Kafka does not answer", Duration::from_secs(30));
+    let stopped = signal_and_wait(service, "TERM");
+    println!(
+        "SIGTERM while waiting for the broker: exited in {:?}",
+        stopped.took
+    );
+    stopped.assert_prompt_exit(0, "SIGTERM in the broker wait");
+    assert!(
+        stopped.log.contains("stopped during start-up"),
+        "{}",
+        stopped.log
+    );
+}
+
+/// A sessionizer whose start-up is stuck in one request, which does not
+/// look at the shutdown flag: its schema registry accepts connections and
+/// never answers, so the output schema's registration waits out the
+/// request's timeout (10 s). Returns once that request is under way, with
+/// the registry's listener and the stuck connection, which must outlive
+/// the test.
+fn stuck_in_a_request() -> (Service, TcpListener, TcpStream) {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let input = unique("user-events");
+    create_topic(&input, 1);
+    let registry = format!("http://{}", silent.local_addr().unwrap());
+    let arguments = sessionizer_args(
+        &input,
+        &unique("user-sessions"),
+        &unique("sessionizer-sig"),
+        &["--schema-registry-url", &registry],
+    );
+    let service = Service::start("sessionizer", &arguments);
+    service.wait_for_signal_handler(Duration::from_secs(30));
+    silent.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let request = loop {
+        match silent.accept() {
+            Ok((request, _)) => break request,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no request to the registry; log:\n{}",
+                    service.log()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    (service, silent, request)
 }
 
 #[test]
 fn a_start_up_stuck_in_a_request_exits_when_its_grace_runs_out() {
-    let service = Service::start("sessionizer", &unreachable_broker_args());
-    service.wait_for_signal_handler(Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(500));
+    let (service, _registry, _request) = stuck_in_a_request();
     let stopped = signal_and_wait(service, "TERM");
     println!("SIGTERM in a stuck start-up: exited in {:?}", stopped.took);
     stopped.assert_prompt_exit(143, "SIGTERM in a stuck start-up");
@@ -405,9 +453,7 @@ fn a_start_up_stuck_in_a_request_exits_when_its_grace_runs_out() {
 
 #[test]
 fn a_second_signal_exits_at_once() {
-    let service = Service::start("sessionizer", &unreachable_broker_args());
-    service.wait_for_signal_handler(Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(500));
+    let (service, _registry, _request) = stuck_in_a_request();
     service.signal("TERM");
     service.wait_for_log("shutdown requested", Duration::from_secs(5));
     std::thread::sleep(Duration::from_millis(500));

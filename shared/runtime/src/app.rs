@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::client::{redact, RedactingStderr};
 use crate::config::{LogFormat, ProcessingGuarantee, RuntimeArgs};
@@ -330,12 +329,19 @@ impl Pipeline {
         starting: &AtomicBool,
     ) -> anyhow::Result<()> {
         let processing_threads = self.args.stream_threads * self.stages.len();
+        let metrics = Arc::new(Metrics::with_liveness_timeout(
+            Some(self.args.liveness_timeout.as_std()).filter(|timeout| !timeout.is_zero()),
+        ));
+        // The operations endpoint first: while start-up waits for the
+        // brokers, /healthz answers and /readyz says not ready.
+        serve_operations(runtime, self.args.http_addr, &metrics)?;
         // librdkafka logs errors only (the runtime reports what matters).
         let client = self.args.client.settings(&[("log_level", "3")])?;
-        let admin = Admin::connect(
+        let admin = Admin::wait_for_brokers(
             &client.kafka,
             runtime.handle().clone(),
-            Duration::from_secs(10),
+            Some(self.args.kafka_wait_timeout.as_std()).filter(|patience| !patience.is_zero()),
+            &shutdown,
         )?;
         let memory_limit = usize::try_from(self.args.state_memory_limit.saturating_mul(1 << 20))
             .unwrap_or(usize::MAX);
@@ -345,9 +351,7 @@ impl Pipeline {
             client_config: client.kafka,
             registry: client.registry,
             admin,
-            metrics: Arc::new(Metrics::with_liveness_timeout(
-                Some(self.args.liveness_timeout.as_std()).filter(|timeout| !timeout.is_zero()),
-            )),
+            metrics,
             state_resources: StateResources::new(memory_limit, processing_threads),
             shutdown,
             link_writers: HashMap::new(),
@@ -360,20 +364,6 @@ impl Pipeline {
             prepared.extend(stage.prepare(&mut env)?);
         }
 
-        // Operations endpoint.
-        match env.args.http_addr {
-            Some(address) => {
-                runtime.block_on(crate::http::serve(address, env.metrics.clone()))?;
-            }
-            None => {
-                let address = crate::config::DEFAULT_HTTP_ADDR.parse()?;
-                if let Err(error) =
-                    runtime.block_on(crate::http::serve(address, env.metrics.clone()))
-                {
-                    tracing::warn!(%error, "running without /metrics, /healthz and /readyz; set --http-addr");
-                }
-            }
-        }
         let queries = start_queries(&mut env)?;
         starting.store(false, Ordering::Relaxed);
 
@@ -412,6 +402,27 @@ impl Pipeline {
         tracing::info!("stopped");
         results.into_iter().collect()
     }
+}
+
+/// Serves /metrics, /healthz and /readyz on `address`, or on the default
+/// address if it is free.
+fn serve_operations(
+    runtime: &tokio::runtime::Runtime,
+    address: Option<std::net::SocketAddr>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<()> {
+    match address {
+        Some(address) => {
+            runtime.block_on(crate::http::serve(address, metrics.clone()))?;
+        }
+        None => {
+            let address = crate::config::DEFAULT_HTTP_ADDR.parse()?;
+            if let Err(error) = runtime.block_on(crate::http::serve(address, metrics.clone())) {
+                tracing::warn!(%error, "running without /metrics, /healthz and /readyz; set --http-addr");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Interactive queries, while they run.

@@ -139,6 +139,14 @@ pub struct RuntimeArgs {
     #[arg(long, env = "TOPIC_WAIT", default_value = "60s")]
     pub topic_wait: HumanDuration,
 
+    /// How long start-up waits for the brokers to answer before it gives
+    /// up with an error. `0s`, the default, waits as long as it takes: not
+    /// ready meanwhile, with a warning every 10 s, so that a pod started
+    /// before its brokers waits for them instead of crash-looping. A
+    /// refused login or TLS handshake fails at once either way.
+    #[arg(long, env = "KAFKA_WAIT_TIMEOUT", default_value = "0s")]
+    pub kafka_wait_timeout: HumanDuration,
+
     /// Address of the HTTP listener for /metrics, /healthz and /readyz.
     /// Default `0.0.0.0:9090`; when the default port is taken (several
     /// services on one host) the service runs without the listener and says

@@ -23,6 +23,9 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// client's error events are looked at.
 const CONNECT_ATTEMPT: Duration = Duration::from_millis(500);
 
+/// How often a service waiting for its brokers says so.
+const WAITING_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
 /// One partition as `describe` reports it.
 #[derive(Debug, Clone)]
 pub struct PartitionInfo {
@@ -117,11 +120,34 @@ pub struct Admin {
 
 impl Admin {
     /// Connects, and fails with a clear message if the broker does not answer
-    /// within `timeout`.
+    /// within `timeout`: for tools, whose operator is watching.
     pub fn connect(
         config: &ClientConfig,
         runtime: tokio::runtime::Handle,
         timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        Self::connect_within(config, runtime, Some(timeout), None)
+    }
+
+    /// Connects for a service, which waits for brokers that do not answer
+    /// (down, or not started yet) up to `patience`, or as long as it takes
+    /// with `None`, warning every [`WAITING_WARNING_INTERVAL`]; until
+    /// `shutdown` is set. A refused login or TLS handshake fails at once:
+    /// waiting cannot mend it.
+    pub fn wait_for_brokers(
+        config: &ClientConfig,
+        runtime: tokio::runtime::Handle,
+        patience: Option<Duration>,
+        shutdown: &AtomicBool,
+    ) -> anyhow::Result<Self> {
+        Self::connect_within(config, runtime, patience, Some(shutdown))
+    }
+
+    fn connect_within(
+        config: &ClientConfig,
+        runtime: tokio::runtime::Handle,
+        timeout: Option<Duration>,
+        shutdown: Option<&AtomicBool>,
     ) -> anyhow::Result<Self> {
         let bootstrap = config.get("bootstrap.servers").unwrap_or("?").to_string();
         let admin: AdminClient<DefaultClientContext> = config
@@ -132,9 +158,16 @@ impl Admin {
             .map_err(|e| anyhow::anyhow!("invalid Kafka client settings: {e}"))?;
         // Asked in short attempts, so that a refused login or handshake
         // (the broker says so at once) ends the wait at once.
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = timeout.map(|timeout| started + timeout);
+        let mut warned: Option<Instant> = None;
         loop {
-            let attempt = CONNECT_ATTEMPT.min(deadline.saturating_duration_since(Instant::now()));
+            if let Some(shutdown) = shutdown {
+                crate::shutdown::check(shutdown)?;
+            }
+            let attempt = deadline.map_or(CONNECT_ATTEMPT, |deadline| {
+                CONNECT_ATTEMPT.min(deadline.saturating_duration_since(Instant::now()))
+            });
             let Err(e) = metadata.fetch_metadata(None, attempt) else {
                 break;
             };
@@ -142,16 +175,28 @@ impl Admin {
             // failure here; the client's error events, which polling hands
             // to the context, say what went wrong.
             while metadata.poll(Duration::from_millis(10)).is_some() {}
-            let refused = metadata
-                .context()
-                .0
-                .lock()
-                .unwrap()
-                .as_ref()
-                .is_some_and(|error| error.refused);
-            if !refused && Instant::now() < deadline {
+            let last_error = metadata.context().0.lock().unwrap();
+            let refused = last_error.as_ref().is_some_and(|error| error.refused);
+            let expired = deadline.is_some_and(|deadline| Instant::now() >= deadline);
+            if !refused && !expired {
+                if shutdown.is_some()
+                    && warned.is_none_or(|at| at.elapsed() >= WAITING_WARNING_INTERVAL)
+                {
+                    let cause = last_error
+                        .as_ref()
+                        .map_or_else(|| e.to_string(), |error| error.text.clone());
+                    tracing::warn!(
+                        %bootstrap,
+                        waited_s = started.elapsed().as_secs(),
+                        %cause,
+                        "Kafka does not answer; waiting for it, not ready until it does"
+                    );
+                    warned = Some(Instant::now());
+                }
                 continue;
             }
+            drop(last_error);
+            let waited = timeout.unwrap_or_else(|| started.elapsed()).as_secs_f32();
             let cause = metadata.context().0.lock().unwrap().take();
             return Err(match cause.map(|error| error.text) {
                 Some(cause) if cause.contains("OAUTHBEARER token") => anyhow::anyhow!(
@@ -165,13 +210,11 @@ impl Admin {
                     client_certificate_hint(config, &cause)
                 ),
                 Some(cause) => anyhow::anyhow!(
-                    "cannot reach Kafka at {bootstrap} within {}s: {cause}{}",
-                    timeout.as_secs_f32(),
+                    "cannot reach Kafka at {bootstrap} within {waited}s: {cause}{}",
                     client_certificate_hint(config, &cause)
                 ),
                 None => anyhow::anyhow!(
-                    "cannot reach Kafka at {bootstrap} within {}s ({e}); is the broker running? (--bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS)",
-                    timeout.as_secs_f32()
+                    "cannot reach Kafka at {bootstrap} within {waited}s ({e}); is the broker running? (--bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS)"
                 ),
             });
         }
