@@ -74,10 +74,10 @@ fn ask(mut stream: impl Read + Write, path: &str, token: Option<&str>) -> Option
     stream.read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    if status == 503 {
+    if status == 503 || status == 429 {
         assert!(
             head.contains("Retry-After: "),
-            "a 503 says when to retry: {head}"
+            "a {status} says when to retry: {head}"
         );
     }
     Some((status, serde_json::from_str(body).ok()?))
@@ -867,4 +867,82 @@ fn a_standby_answers_when_allowed_with_its_lag() {
     let (status, body) = query_settled(first.port, &path, None);
     assert_eq!((status, &body["value"]), (200, value), "{body}");
     assert_eq!(body["served_by"]["role"], "active", "{body}");
+}
+
+/// More queries at once than `--query-max-concurrent` allows: the rest are
+/// turned away with 429 and `Retry-After` rather than queued, those within
+/// it are answered whole, and `/healthz` answers within its probe's
+/// timeout (3 s in the manifests) throughout.
+#[test]
+fn a_query_flood_is_turned_away_and_health_still_answers() {
+    let (run, lines, expected) = sessionizer_run(3_000, 6);
+    let instance = start_instance(
+        "sessionizer",
+        &run.args(&[]),
+        &["--query-max-concurrent", "2"],
+    );
+    produce(&run.input, "user-events", &lines);
+    wait_for_state(instance.port, "sessions", &expected, None, || {
+        instance.service.log()
+    });
+
+    let flooding = std::sync::atomic::AtomicBool::new(true);
+    let statuses = std::sync::Mutex::new(BTreeMap::<u16, usize>::new());
+    let slowest_health = std::thread::scope(|scope| {
+        for _ in 0..16 {
+            scope.spawn(|| {
+                while flooding.load(std::sync::atomic::Ordering::Relaxed) {
+                    let answered = match range(instance.port, "sessions", None) {
+                        Ok((values, _)) => {
+                            assert_eq!(values, expected, "an answered range is whole");
+                            200
+                        }
+                        Err(status) => status,
+                    };
+                    *statuses.lock().unwrap().entry(answered).or_default() += 1;
+                }
+            });
+        }
+        let mut slowest = Duration::ZERO;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(5) {
+            let asked = Instant::now();
+            let health = http_answer(instance.service.http_port, "/healthz");
+            assert_eq!(health.map(|(status, _)| status), Some(200));
+            slowest = slowest.max(asked.elapsed());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        flooding.store(false, std::sync::atomic::Ordering::Relaxed);
+        slowest
+    });
+    let statuses = statuses.into_inner().unwrap();
+    println!("statuses under the flood: {statuses:?}; slowest /healthz {slowest_health:?}");
+    assert!(statuses.get(&429).is_some_and(|&n| n > 0), "{statuses:?}");
+    assert!(statuses.get(&200).is_some_and(|&n| n > 0), "{statuses:?}");
+    assert_eq!(
+        statuses.keys().copied().collect::<Vec<_>>(),
+        [200, 429],
+        "nothing but answers and refusals: {statuses:?}"
+    );
+    assert!(
+        slowest_health < Duration::from_secs(3),
+        "/healthz took {slowest_health:?} under the flood"
+    );
+}
+
+/// A listener other hosts can reach, without a token: refused at start,
+/// with one line that says what to do, unless explicitly allowed.
+#[test]
+fn open_queries_without_a_token_are_refused_unless_allowed() {
+    let query_addr = format!("0.0.0.0:{}", free_port());
+    let output = std::process::Command::new(bin("sessionizer"))
+        .args(["--query-addr", &query_addr])
+        .env("STATE_DIR", fresh_state_dir())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--query-token-file"), "{stderr}");
+    assert!(stderr.contains("--query-allow-unauthenticated"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -14,7 +14,7 @@ use crate::client::{redact, RedactingStderr};
 use crate::config::{LogFormat, ProcessingGuarantee, RuntimeArgs};
 use crate::describe::{
     acl_grants, describe_stage, render_acls, AclFormat, AclPurpose, PatternType,
-    ServiceDescription, StageDescription,
+    ServiceDescription, StageDescription, StrimziArgs,
 };
 use crate::engine::kafka_stage::{run_stage, GroupConsumer};
 use crate::metrics::Metrics;
@@ -94,7 +94,14 @@ pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) 
                         .principal
                         .unwrap_or_else(|| format!("User:{}", description.application_id));
                     let grants = acl_grants(&description, cli.resource_pattern_type, cli.purpose);
-                    render_acls(&description, &grants, &principal, cli.purpose, cli.format)
+                    render_acls(
+                        &description,
+                        &grants,
+                        &principal,
+                        cli.purpose,
+                        cli.format,
+                        &cli.strimzi,
+                    )
                 })
             };
             printed.map(|text| {
@@ -125,15 +132,19 @@ enum DescribeFormat {
     Json,
 }
 
-/// `<service> acls [--principal] [--format] [--for run|reset] <service flags>`.
+/// `<service> acls [--principal] [--format] [--for run|reset] [--strimzi-*]
+/// <service flags>`.
 #[derive(Parser)]
 struct AclsCli<S: Args> {
     #[command(flatten)]
     settings: S,
     /// The principal to grant them to. Default `User:<application id>`.
+    /// With `--format strimzi` the KafkaUser is named after it (`User:NAME`,
+    /// or `User:CN=NAME` for the tls types).
     #[arg(long)]
     principal: Option<String>,
-    /// `kafka-acls` commands, a Strimzi `KafkaUser`, or JSON.
+    /// `kafka-acls` commands, a Strimzi `KafkaUser` (with
+    /// `--strimzi-cluster`), or JSON.
     #[arg(long, value_enum, default_value = "kafka-acls")]
     format: AclFormat,
     /// Name input and output topics exactly (`literal`) or as prefixes.
@@ -143,6 +154,8 @@ struct AclsCli<S: Args> {
     /// `<service> reset` (`reset`).
     #[arg(long = "for", value_enum, default_value = "run")]
     purpose: AclPurpose,
+    #[command(flatten)]
+    strimzi: StrimziArgs,
 }
 
 /// `<service> reset [--to-earliest|--to-latest|--to-datetime|--by-duration|--shift-by]
@@ -429,6 +442,9 @@ fn serve_operations(
 struct RunningQueries {
     peers: Arc<Peers>,
     reader: std::thread::JoinHandle<()>,
+    /// The listener's own runtime: a flood of queries never keeps
+    /// `/healthz`, signals or registry calls waiting on the process's.
+    runtime: tokio::runtime::Runtime,
 }
 
 impl RunningQueries {
@@ -438,6 +454,9 @@ impl RunningQueries {
             tracing::warn!(%error, "queries: cannot withdraw this instance's endpoint");
         }
         let _ = self.reader.join();
+        // A range scan under way is not waited for.
+        self.runtime
+            .shutdown_timeout(std::time::Duration::from_secs(1));
     }
 }
 
@@ -449,6 +468,8 @@ fn start_queries(env: &mut ServiceEnv) -> anyhow::Result<Option<RunningQueries>>
         return Ok(None);
     };
     let token = args.token()?;
+    let token_free = token.is_none() && !address.ip().is_loopback();
+    let max_concurrent = args.query_max_concurrent as usize;
     let tls = args.tls_acceptor()?;
     let client = args.forwarding_client()?;
     let topic = endpoints_topic(&env.application_id);
@@ -485,10 +506,26 @@ fn start_queries(env: &mut ServiceEnv) -> anyhow::Result<Option<RunningQueries>>
         peers: peers.clone(),
         token,
         client,
+        permits: Arc::new(tokio::sync::Semaphore::new(max_concurrent)),
+        max_concurrent,
     });
-    env.runtime.block_on(serve_queries(address, tls, server))?;
+    // Scans run on its blocking threads, as many as queries may be answered.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(max_concurrent)
+        .thread_name("queries")
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve_queries(address, tls, server))?;
+    if token_free {
+        tracing::warn!(%address, "queries are served without a token to anyone who reaches this address (--query-allow-unauthenticated)");
+    }
     tracing::info!(%url, "queries advertised");
-    Ok(Some(RunningQueries { peers, reader }))
+    Ok(Some(RunningQueries {
+        peers,
+        reader,
+        runtime,
+    }))
 }
 
 /// What a service process has before its pipeline is built: the tokio

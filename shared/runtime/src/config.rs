@@ -290,6 +290,7 @@ pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9090";
 impl RuntimeArgs {
     /// Checks the combinations of flags that clap cannot.
     pub fn check(&self) -> anyhow::Result<()> {
+        self.queries.check()?;
         if self.standby_replicas > 0 {
             anyhow::ensure!(
                 self.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2,
@@ -345,6 +346,28 @@ mod tests {
         let consumer = check(&["--standby-replicas", "2", "--group-protocol", "consumer"]);
         assert!(consumer.unwrap_err().to_string().contains("classic"));
         assert!(check(&["--processing-guarantee", "at_least_once"]).is_ok());
+    }
+
+    #[test]
+    fn queries_open_to_other_hosts_need_a_token_or_an_explicit_allowance() {
+        let check = |flags: &[&str]| parse(flags).unwrap().check();
+        assert!(check(&["--query-addr", "127.0.0.1:8090"]).is_ok());
+        assert!(check(&["--query-addr", "[::1]:8090"]).is_ok());
+        let open = check(&["--query-addr", "0.0.0.0:8090"]).unwrap_err();
+        assert!(open.to_string().contains("--query-token-file"), "{open}");
+        assert!(check(&[
+            "--query-addr",
+            "0.0.0.0:8090",
+            "--query-token-file",
+            "/run/token"
+        ])
+        .is_ok());
+        assert!(check(&[
+            "--query-addr",
+            "10.0.0.7:8090",
+            "--query-allow-unauthenticated"
+        ])
+        .is_ok());
     }
 
     #[test]

@@ -68,9 +68,40 @@ pub struct QueryArgs {
     /// is forwarded to another instance over TLS.
     #[arg(long, env = "QUERY_TLS_CA_FILE")]
     pub query_tls_ca_file: Option<PathBuf>,
+
+    /// Serve queries on an address other hosts can reach without
+    /// `--query-token-file`: anyone who reaches the port then reads every
+    /// store. Refused without this flag.
+    #[arg(long, env = "QUERY_ALLOW_UNAUTHENTICATED")]
+    pub query_allow_unauthenticated: bool,
+
+    /// Queries answered at once, at most; one more is answered 429 with
+    /// `Retry-After`, so that a flood of queries cannot take the threads
+    /// and memory that processing needs.
+    #[arg(long, env = "QUERY_MAX_CONCURRENT", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub query_max_concurrent: u32,
 }
 
 impl QueryArgs {
+    /// Refuses a listener that would serve every store, unauthenticated, to
+    /// other hosts, unless `--query-allow-unauthenticated` says so.
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
+        let Some(address) = self.query_addr else {
+            return Ok(());
+        };
+        anyhow::ensure!(
+            self.query_token_file.is_some()
+                || address.ip().is_loopback()
+                || self.query_allow_unauthenticated,
+            "--query-addr {address} can be reached from other hosts, and without \
+             --query-token-file anyone who reaches it reads every store: set \
+             --query-token-file (docs/queries.md), or --query-allow-unauthenticated \
+             to serve it open all the same"
+        );
+        Ok(())
+    }
+
     /// The URL this instance advertises, once `--query-addr` is set.
     pub(crate) fn advertised_url(&self) -> Option<String> {
         let address = self.query_addr?;

@@ -43,6 +43,9 @@ pub(crate) struct QueryServer {
     pub peers: Arc<Peers>,
     pub token: Option<String>,
     pub client: reqwest::Client,
+    /// One per query being answered, `max_concurrent` in all.
+    pub permits: Arc<tokio::sync::Semaphore>,
+    pub max_concurrent: usize,
 }
 
 /// An answer: status, body, and whether to say `Retry-After`.
@@ -190,7 +193,19 @@ async fn answer_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 let keep_alive = request.keep_alive;
                 (Answer::error(405, "only GET is served"), keep_alive)
             }
-            Some((_, request)) => (server.answer(&request).await, request.keep_alive),
+            Some((_, request)) => {
+                let answer = match server.permits.clone().try_acquire_owned() {
+                    Ok(_answering) => server.answer(&request).await,
+                    Err(_) => Answer::error(
+                        429,
+                        format!(
+                            "more than {} queries at once (--query-max-concurrent)",
+                            server.max_concurrent
+                        ),
+                    ),
+                };
+                (answer, request.keep_alive)
+            }
         };
         let body = answer.body.to_string();
         let reason = match answer.status {
@@ -199,11 +214,12 @@ async fn answer_connection<S: AsyncRead + AsyncWrite + Unpin>(
             401 => "Unauthorized",
             404 => "Not Found",
             405 => "Method Not Allowed",
+            429 => "Too Many Requests",
             503 => "Service Unavailable",
             _ => "Error",
         };
         let extra = match answer.status {
-            503 => format!("Retry-After: {RETRY_AFTER_SECONDS}\r\n"),
+            429 | 503 => format!("Retry-After: {RETRY_AFTER_SECONDS}\r\n"),
             401 => "WWW-Authenticate: Bearer\r\n".to_string(),
             _ => String::new(),
         };
