@@ -305,7 +305,9 @@ fn a_stop_during_an_embedder_outage_is_prompt_and_loses_nothing() {
 /// cannot let it process, so past `--liveness-timeout` `/healthz` fails
 /// (the liveness probe would restart the pod), naming the stalled thread,
 /// and passes again once the embedder answers. Idle before any input, the
-/// thread is not stalled however long it waits.
+/// thread is not stalled however long it waits. With standbys on (as in
+/// the prod overlay), whose updater shares the thread's labels:
+/// `streams_stalled_seconds`, which StreamsStalled watches, shows the stall.
 #[test]
 fn an_outage_with_input_waiting_fails_liveness_until_the_embedder_answers() {
     const TIMEOUT_SECONDS: u64 = 2;
@@ -314,7 +316,11 @@ fn an_outage_with_input_waiting_fails_liveness_until_the_embedder_answers() {
     let timeout = format!("{TIMEOUT_SECONDS}s");
     let service = Service::start(
         "embed-batcher",
-        &openai_args(&topics, port, &["--liveness-timeout", &timeout]),
+        &openai_args(
+            &topics,
+            port,
+            &["--liveness-timeout", &timeout, "--standby-replicas", "1"],
+        ),
     );
     service.wait_ready(Duration::from_secs(60));
     let healthz = || http_answer(service.http_port, "/healthz");

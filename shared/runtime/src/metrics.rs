@@ -326,7 +326,10 @@ struct StageSlot {
     thread: Option<String>,
     snapshot: Snapshot,
     ready: bool,
-    activity: Arc<StageActivity>,
+    /// `None` for a slot that processes nothing (the standby updater): it
+    /// neither stalls nor restores, and must not report that it does not
+    /// under the labels of the processing thread it shares them with.
+    activity: Option<Arc<StageActivity>>,
 }
 
 /// What a processing thread reports as it goes rather than at its commits,
@@ -434,14 +437,31 @@ impl Metrics {
         label: Option<&str>,
         thread: Option<usize>,
     ) -> StageMetrics {
-        let mut stages = self.stages.lock().unwrap();
-        stages.push(StageSlot {
+        self.add_slot(StageSlot {
             label: label.map(str::to_string),
             thread: thread.map(|index| index.to_string()),
             snapshot: Snapshot::default(),
             ready: false,
-            activity: Arc::default(),
-        });
+            activity: Some(Arc::default()),
+        })
+    }
+
+    /// Registers the standby updater of a stage: its series carry the
+    /// stage's labels, it is always ready, and it reports no activity
+    /// (stall, restore) of its own.
+    pub fn add_standby(self: &Arc<Self>, label: Option<&str>) -> StageMetrics {
+        self.add_slot(StageSlot {
+            label: label.map(str::to_string),
+            thread: None,
+            snapshot: Snapshot::default(),
+            ready: true,
+            activity: None,
+        })
+    }
+
+    fn add_slot(self: &Arc<Self>, slot: StageSlot) -> StageMetrics {
+        let mut stages = self.stages.lock().unwrap();
+        stages.push(slot);
         StageMetrics {
             shared: self.clone(),
             slot: stages.len() - 1,
@@ -458,7 +478,9 @@ impl Metrics {
         crate::process_stats::export(&mut merged);
         for stage in stages.iter() {
             let mut activity = Snapshot::default();
-            stage.activity.export(&mut activity);
+            if let Some(stage_activity) = &stage.activity {
+                stage_activity.export(&mut activity);
+            }
             let relabel = |(name, labels): &Series| -> Series {
                 let mut labels = labels.clone();
                 if let Some(label) = &stage.label {
@@ -501,7 +523,7 @@ impl Metrics {
         let timeout = self.liveness_timeout?;
         let stages = self.stages.lock().unwrap();
         stages.iter().find_map(|stage| {
-            let stalled = stage.activity.stalled_for();
+            let stalled = stage.activity.as_ref()?.stalled_for();
             (stalled > timeout).then(|| {
                 let stage_name = match &stage.label {
                     Some(label) => format!("stage {label}"),
@@ -554,9 +576,10 @@ impl StageMetrics {
 
     /// This thread's [`StageActivity`], to report progress and restores on.
     pub fn activity(&self) -> Arc<StageActivity> {
-        self.shared.stages.lock().unwrap()[self.slot]
+        (self.shared.stages.lock().unwrap()[self.slot]
             .activity
-            .clone()
+            .clone())
+        .expect("a processing thread's slot has its activity")
     }
 }
 
@@ -703,6 +726,25 @@ mod tests {
         assert_eq!(metrics.unhealthy(), None);
         metrics.set_failed();
         assert_eq!(metrics.unhealthy().as_deref(), Some("failed"));
+    }
+
+    #[test]
+    fn a_standby_beside_a_stalled_thread_leaves_its_stall_reported() {
+        let metrics = Arc::new(Metrics::with_liveness_timeout(Some(Duration::from_millis(
+            50,
+        ))));
+        let thread = metrics.add_thread(None, None);
+        let mut standby = Snapshot::default();
+        standby.set(STANDBY_TASKS, vec![], 1.0);
+        metrics.add_standby(None).publish(standby);
+        thread.activity().progressed();
+        std::thread::sleep(Duration::from_millis(80));
+        let snapshot = metrics.snapshot();
+        assert!(snapshot.gauge(STALLED_SECONDS, &[]) >= 0.08);
+        assert_eq!(snapshot.gauge(STANDBY_TASKS, &[]), 1.0);
+        assert!(metrics.unhealthy().is_some());
+        thread.set_ready(true);
+        assert!(metrics.is_ready(), "a standby never holds readiness back");
     }
 
     #[test]

@@ -494,7 +494,7 @@ impl<P: Processor> StagePlan<P> {
             &env.client_config,
             env.state_resources.clone(),
             self.active.clone(),
-            env.metrics.add_thread(self.name, None),
+            env.metrics.add_standby(self.name),
             env.shutdown.clone(),
         )
     }

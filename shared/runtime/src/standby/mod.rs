@@ -175,7 +175,6 @@ impl StandbyUpdater {
             settings.task_topics.clone(),
             settings.static_members,
         )?;
-        metrics.set_ready(true);
         Ok(StandbyUpdater {
             settings,
             consumer,
