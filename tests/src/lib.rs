@@ -634,6 +634,37 @@ pub fn forward_port(port: u16, target: &str) {
     });
 }
 
+/// Appends to `topic`-`partition` a record whose format header says
+/// `format`, outside any transaction; returns its offset.
+pub fn append_with_format(topic: &str, partition: i32, format: u8) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap());
+    let producer: ThreadedProducer<DefaultProducerContext> = config.create().unwrap();
+    let headers = OwnedHeaders::new().insert(Header {
+        key: streams_runtime::state::format::HEADER,
+        value: Some(&[format][..]),
+    });
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(partition)
+                .key("user-0")
+                .payload(&b"written by a newer release"[..])
+                .headers(headers),
+        )
+        .map_err(|(error, _)| error)
+        .unwrap();
+    producer.flush(Duration::from_secs(30)).unwrap();
+    let consumer: BaseConsumer = config.create().unwrap();
+    let (_, end) = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .unwrap();
+    end - 1
+}
+
 /// A minimal HTTP GET; `None` when nothing answers or the status is not 200.
 pub fn http_get(port: u16, path: &str) -> Option<String> {
     let (status, body) = http_answer(port, path)?;

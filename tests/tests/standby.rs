@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use e2e_tests::sessions::generate;
 use e2e_tests::*;
 use serde_json::Value;
+use streams_runtime::state::format::STATE_FORMAT;
 
 const BASE: i64 = 1_783_345_153_000;
 const PARTITIONS: usize = 6;
@@ -375,5 +376,84 @@ fn standby_replicas_without_exactly_once_or_with_the_consumer_protocol_are_refus
             "{extra:?}: the error should name the standby setting; log: {log}"
         );
         assert!(!log.contains("panicked"), "{extra:?}: log: {log}");
+    }
+}
+
+/// A rolling upgrade to a newer state format with standbys on: once an
+/// upgraded instance writes a changelog record of a format this build
+/// cannot read, the instance that keeps the task's standby stops that
+/// standby, with a warning, and goes on processing its own tasks; nothing
+/// else stops, and the output stays exact.
+#[test]
+fn a_changelog_record_of_a_newer_format_stops_only_that_standby() {
+    const TASKS: usize = 2;
+    let input = unique("user-events");
+    let output = unique("user-sessions");
+    let application_id = unique("sessionizer-standby-format");
+    create_topic(&input, TASKS);
+    let (lines, expected) = generate(2_000, 9, BASE);
+    let (first, rest) = lines.split_at(lines.len() / 2);
+    let arguments = args(&[
+        "--input-topic",
+        &input,
+        "--output-topic",
+        &output,
+        "--application-id",
+        &application_id,
+        "--standby-replicas",
+        "1",
+    ]);
+    let mut instances: Vec<Service> = Vec::new();
+    for _ in 0..TASKS {
+        let instance = Service::start_with_state("sessionizer", &arguments, fresh_state_dir());
+        assert!(
+            eventually(Duration::from_secs(60), || http_get(
+                instance.http_port,
+                "/metrics"
+            )
+            .is_some()),
+            "no /metrics:\n{}",
+            instance.log()
+        );
+        instances.push(instance);
+    }
+    let placed = eventually(Duration::from_secs(90), || {
+        instances.iter().all(|instance| {
+            instance.open_tasks::<usize>().len() == 1
+                && instance.metric("streams_standby_tasks") == 1.0
+        })
+    });
+    let logs = |instances: &[Service]| {
+        (instances.iter())
+            .map(|s| format!("--- {}:\n{}", s.log_path().display(), s.log()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        placed,
+        "each instance owns one task and keeps the other's standby:\n{}",
+        logs(&instances)
+    );
+    produce(&input, "user-events", first);
+
+    let task = *instances[0].open_tasks::<i32>().first().unwrap();
+    let changelog = format!("{application_id}-sessions-changelog");
+    append_with_format(&changelog, task, STATE_FORMAT + 1);
+    let keeper = &instances[1];
+    keeper.wait_for_log("standby stopped", Duration::from_secs(60));
+    assert!(
+        eventually(Duration::from_secs(30), || keeper
+            .metric("streams_standby_tasks")
+            == 0.0),
+        "the standby is gone:\n{}",
+        keeper.metrics()
+    );
+
+    produce(&input, "user-events", rest);
+    let records = wait_for_records(&output, expected.len(), Duration::from_secs(120));
+    assert_same_records(&records, &expected, &logs(&instances));
+    for instance in &mut instances {
+        assert!(!instance.has_exited(), "{}", instance.log());
+        instance.assert_no_aborted_commit();
     }
 }

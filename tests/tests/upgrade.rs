@@ -19,10 +19,6 @@ use e2e_tests::sessions::generate_with;
 use e2e_tests::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::ClientConfig;
 use serde_json::Value;
 use streams_runtime::state::format::{HEADER, MARKER, STATE_FORMAT};
 
@@ -266,32 +262,4 @@ fn files(dir: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
 /// The records of a changelog with their headers (values undecodable: not Avro).
 fn changelog_with_headers(topic: &str) -> Vec<Value> {
     consume_all_with(topic, &["--headers"])
-}
-
-/// Appends to `topic`-`partition` a record whose format header says
-/// `format`, outside any transaction; returns its offset.
-fn append_with_format(topic: &str, partition: i32, format: u8) -> i64 {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap());
-    let producer: ThreadedProducer<DefaultProducerContext> = config.create().unwrap();
-    let headers = OwnedHeaders::new().insert(Header {
-        key: HEADER,
-        value: Some(&[format][..]),
-    });
-    producer
-        .send(
-            BaseRecord::to(topic)
-                .partition(partition)
-                .key("user-0")
-                .payload(&b"written by a newer release"[..])
-                .headers(headers),
-        )
-        .map_err(|(error, _)| error)
-        .unwrap();
-    producer.flush(Duration::from_secs(30)).unwrap();
-    let consumer: BaseConsumer = config.create().unwrap();
-    let (_, end) = consumer
-        .fetch_watermarks(topic, partition, Duration::from_secs(10))
-        .unwrap();
-    end - 1
 }

@@ -145,6 +145,9 @@ pub(crate) struct StandbyUpdater {
     metrics: StageMetrics,
     shutdown: Arc<AtomicBool>,
     standbys: BTreeMap<i32, Standby>,
+    /// Tasks whose state is of a newer format than this build reads: no
+    /// standby of them while this process runs.
+    unreadable: BTreeSet<i32>,
     /// The [`ActiveTasks`] change count last looked at.
     seen_changes: u64,
     /// The watcher's observation last acted on.
@@ -186,6 +189,7 @@ impl StandbyUpdater {
             metrics,
             shutdown,
             standbys: BTreeMap::new(),
+            unreadable: BTreeSet::new(),
             seen_changes: 0,
             seen_round: 0,
             applied: 0,
@@ -197,8 +201,9 @@ impl StandbyUpdater {
     /// Keeps the standbys up to date until shutdown, then writes what is
     /// staged; the watcher runs beside it. Broker errors are logged and
     /// retried: standbys only save restore time, they never stop the
-    /// service. Only a failing local store, or state of a format this build
-    /// cannot read, is an error.
+    /// service. So does state of a format this build cannot read (a
+    /// rolling upgrade under way): the task gets no standby here. Only a
+    /// failing local store is an error.
     pub fn run(mut self) -> anyhow::Result<()> {
         let watcher = self.watcher.clone();
         let shutdown = self.shutdown.clone();
@@ -231,12 +236,18 @@ impl StandbyUpdater {
                     else {
                         continue;
                     };
-                    format::changelog_record_format(
+                    if let Err(error) = format::changelog_record_format(
                         message.headers(),
                         message.topic(),
                         partition,
                         message.offset(),
-                    )?;
+                    ) {
+                        if !error.is::<UnknownFormat>() {
+                            return Err(error);
+                        }
+                        self.set_aside_unreadable(partition, &error)?;
+                        continue;
+                    }
                     standby.store.stage_restored(
                         &mut standby.batch,
                         store_index,
@@ -302,7 +313,7 @@ impl StandbyUpdater {
                 self.settings.replicas,
             )
             .into_iter()
-            .filter(|task| !active.contains(task))
+            .filter(|task| !active.contains(task) && !self.unreadable.contains(task))
             .collect();
             let current: BTreeSet<i32> = self.standbys.keys().copied().collect();
             // New standbys wait until the process's active tasks are all
@@ -334,7 +345,7 @@ impl StandbyUpdater {
 
     /// Opens the local store of task `task` as a standby. A store still held
     /// by a processing thread that is closing it is tried again at the next
-    /// refresh; one of a format this build cannot read stops the service.
+    /// refresh; one of a format this build cannot read is left alone.
     fn open(&mut self, task: i32) -> anyhow::Result<()> {
         let path = self.settings.state_dir.join(format!("task-{task}"));
         let mut opened = TaskStore::open(&path, &self.settings.store_names, &self.resources);
@@ -357,10 +368,31 @@ impl StandbyUpdater {
                 tracing::info!(task, "standby started");
                 self.standbys.insert(task, Standby { store, batch });
             }
-            Err(error) if error.is::<UnknownFormat>() => return Err(error),
+            Err(error) if error.is::<UnknownFormat>() => {
+                tracing::warn!(task, "no standby of this task: {error:#}");
+                self.unreadable.insert(task);
+            }
             Err(error) => tracing::info!(task, %error, "standby not started yet"),
         }
         Ok(())
+    }
+
+    /// Stops the standby of task `task`, whose changelog holds a record of
+    /// a format this build cannot read (`error`): a rolling upgrade to a
+    /// newer format is under way. Standbys only save restore time, so this
+    /// process goes on without that one; what it staged before the record
+    /// is written.
+    fn set_aside_unreadable(&mut self, task: i32, error: &anyhow::Error) -> anyhow::Result<()> {
+        if let Some(mut standby) = self.standbys.remove(&task) {
+            write_staged(&mut standby)?;
+        }
+        self.unreadable.insert(task);
+        tracing::warn!(
+            task,
+            "standby stopped: {error:#}; this instance keeps no standby of the task until it \
+             runs a build that reads that format"
+        );
+        self.assign()
     }
 
     /// Whether `store`, task `task`'s, holds the state of a changelog since
