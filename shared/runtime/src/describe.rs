@@ -5,12 +5,14 @@
 //!
 //! A service binary prints both: `<service> describe [--format text|json]`
 //! and `<service> acls [--principal User:NAME] [--format kafka-acls|strimzi|json]
-//! [--for run|reset]`, followed by the flags it runs with (topic names and
-//! the application id are flags).
+//! [--for run|reset] [--strimzi-cluster NAME] [--strimzi-authentication TYPE]
+//! [--strimzi-api-version v1|v1beta2]`, followed by the flags it runs with
+//! (topic names and the application id are flags).
 
 use std::fmt::Write as _;
 
-use clap::ValueEnum;
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use crate::config::{ProcessingGuarantee, RuntimeArgs};
@@ -322,11 +324,22 @@ pub struct AclGrant {
 /// * Write and Create on each output topic (the late topic included): the
 ///   service creates an output that does not exist;
 /// * Create, Write and Read on the topics prefixed `<application-id>-`: its
-///   changelogs (Read to restore), repartition and link topics, dead letters;
-/// * Read on the groups prefixed `<application-id>`: the group of each
-///   stage and the group-less readers of changelogs;
+///   changelogs (Read to restore), repartition and link topics, dead letters,
+///   query endpoints;
+/// * Read on the group `<application-id>`, the first stage's;
+/// * Read on the groups prefixed `<application-id>-`: those of the later
+///   stages (`<application-id>-<stage>`), and the groups that only name the
+///   consumers reading by assignment, which look up their coordinator all
+///   the same: the changelog readers (`<group>-restore`, `<group>-standby`),
+///   the standby's group watcher (`<group>-standby-watch`) and the query
+///   endpoints reader (`<application-id>-query-endpoints-reader`);
 /// * under exactly-once, Write on the transactional ids prefixed
 ///   `<application-id>-`.
+///
+/// Every prefix ends with the separator `-`, so that an application `A`
+/// is granted nothing of an application `A2`. (An application whose id is
+/// `A-` followed by more shares the prefix: give applications ids of which
+/// none is another's followed by `-`.)
 ///
 /// Describe is implied by each of these, and nothing is needed on the
 /// cluster (idempotent producers need Write on a topic only, KIP-679).
@@ -354,11 +367,18 @@ pub fn acl_grants(
         &["Create", "Read", "Write"],
         "internal topics: changelogs, repartition and stage links, dead letters",
     ));
-    grants.push(AclGrant::prefixed(
+    grants.push(AclGrant::literal(
         ResourceType::Group,
         app.clone(),
         &["Read"],
-        "consumer groups of the stages and of the changelog readers",
+        "consumer group of the first stage",
+    ));
+    grants.push(AclGrant::prefixed(
+        ResourceType::Group,
+        format!("{app}-"),
+        &["Read"],
+        "consumer groups of the later stages, the changelog readers, the standby's group \
+         watcher and the query endpoints reader",
     ));
     if description
         .stages
@@ -383,7 +403,7 @@ pub fn acl_grants(
 /// * Read and Delete on the topics prefixed `<application-id>-`: the
 ///   internal topics are deleted, and the offsets of the repartition and
 ///   stage-link topics committed;
-/// * Read on the groups prefixed `<application-id>`: they are described
+/// * Read on the consumer group of each stage, by name: they are described
 ///   (a reset refuses while one has members) and their offsets committed.
 ///
 /// Output and dead-letter topics are kept and not touched.
@@ -401,12 +421,14 @@ fn reset_grants(description: &ServiceDescription, pattern: PatternType) -> Vec<A
         &["Delete", "Read"],
         "internal topics: deleted, the offsets of repartition and stage links committed",
     ));
-    grants.push(AclGrant::prefixed(
-        ResourceType::Group,
-        app.clone(),
-        &["Read"],
-        "consumer groups: described, their offsets committed",
-    ));
+    grants.extend(description.stages.iter().map(|stage| {
+        AclGrant::literal(
+            ResourceType::Group,
+            stage.group_id.clone(),
+            &["Read"],
+            "consumer group of a stage: described, its offsets committed",
+        )
+    }));
     grants
 }
 
@@ -427,6 +449,22 @@ impl AclGrant {
                 reason,
             })
             .collect()
+    }
+
+    /// `operations` on the resource of `resource_type` named `name`.
+    fn literal(
+        resource_type: ResourceType,
+        name: String,
+        operations: &[&'static str],
+        reason: &'static str,
+    ) -> AclGrant {
+        AclGrant {
+            resource_type,
+            name,
+            pattern_type: PatternType::Literal,
+            operations: operations.to_vec(),
+            reason,
+        }
     }
 
     /// `operations` on every resource of `resource_type` whose name starts
@@ -452,18 +490,187 @@ impl AclGrant {
 pub enum AclFormat {
     /// `kafka-acls` commands (Apache Kafka's `bin/kafka-acls.sh`).
     KafkaAcls,
-    /// A Strimzi `KafkaUser` with simple authorization.
+    /// A Strimzi `KafkaUser` with simple authorization, for the User
+    /// Operator of the cluster `--strimzi-cluster`.
     Strimzi,
     Json,
 }
 
-/// The grants as `format` for `principal` (`User:NAME`).
+/// What a Strimzi `KafkaUser` needs besides its ACLs (`acls --format
+/// strimzi`): the cluster whose User Operator takes it up, and how the user
+/// logs in.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct StrimziArgs {
+    /// With `--format strimzi` (and required with it): the name of the
+    /// `Kafka` resource of the cluster, the KafkaUser's label
+    /// `strimzi.io/cluster`. The User Operator takes up only the KafkaUsers
+    /// labelled with its cluster.
+    #[arg(
+        long = "strimzi-cluster",
+        value_name = "NAME",
+        required_if_eq("format", "strimzi")
+    )]
+    pub cluster: Option<String>,
+    /// With `--format strimzi`: how the user logs in
+    /// (`spec.authentication.type`).
+    #[arg(
+        long = "strimzi-authentication",
+        value_enum,
+        value_name = "TYPE",
+        default_value = "scram-sha-512"
+    )]
+    pub authentication: StrimziAuthentication,
+    /// With `--format strimzi`: the KafkaUser's `apiVersion`.
+    #[arg(
+        long = "strimzi-api-version",
+        value_enum,
+        value_name = "VERSION",
+        default_value = "v1"
+    )]
+    pub api_version: StrimziApiVersion,
+}
+
+/// A `KafkaUser`'s `spec.authentication.type`, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StrimziAuthentication {
+    /// SASL SCRAM-SHA-512: the User Operator makes the password, in the
+    /// Secret named after the user; the principal is `User:<name>`.
+    #[value(name = "scram-sha-512")]
+    ScramSha512,
+    /// Mutual TLS with a certificate the User Operator issues, in the
+    /// Secret named after the user; the principal is `User:CN=<name>`.
+    #[value(name = "tls")]
+    Tls,
+    /// Mutual TLS with a certificate issued elsewhere (cert-manager, as
+    /// the kafka-mtls component expects) whose CN is the user's name; the
+    /// principal is `User:CN=<name>`.
+    #[value(name = "tls-external")]
+    TlsExternal,
+    /// No `spec.authentication`: the login is not the User Operator's
+    /// (OAUTHBEARER, PLAIN); the KafkaUser carries the ACLs of
+    /// `User:<name>` only.
+    #[value(name = "none")]
+    None,
+}
+
+impl StrimziAuthentication {
+    /// The value of `spec.authentication.type`.
+    fn type_name(self) -> Option<&'static str> {
+        match self {
+            StrimziAuthentication::ScramSha512 => Some("scram-sha-512"),
+            StrimziAuthentication::Tls => Some("tls"),
+            StrimziAuthentication::TlsExternal => Some("tls-external"),
+            StrimziAuthentication::None => None,
+        }
+    }
+
+    /// Whether the user is a certificate's: Strimzi grants the ACLs to
+    /// `User:CN=<name>`.
+    fn by_certificate(self) -> bool {
+        matches!(
+            self,
+            StrimziAuthentication::Tls | StrimziAuthentication::TlsExternal
+        )
+    }
+}
+
+/// The `apiVersion` of a `KafkaUser`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StrimziApiVersion {
+    /// `kafka.strimzi.io/v1`: Strimzi 0.49 and later, the only version
+    /// served since Strimzi 1.0.
+    #[value(name = "v1")]
+    V1,
+    /// `kafka.strimzi.io/v1beta2`: Strimzi before 1.0 (up to 0.51).
+    #[value(name = "v1beta2")]
+    V1beta2,
+}
+
+impl StrimziApiVersion {
+    fn api_version(self) -> &'static str {
+        match self {
+            StrimziApiVersion::V1 => "kafka.strimzi.io/v1",
+            StrimziApiVersion::V1beta2 => "kafka.strimzi.io/v1beta2",
+        }
+    }
+}
+
+/// Strimzi's User Operator refuses a user with a certificate of its own
+/// whose name is longer than a certificate's CN may be.
+const STRIMZI_TLS_NAME_MAX: usize = 64;
+
+/// The name of the `KafkaUser` of `principal`: `User:NAME` (or
+/// `User:CN=NAME` for a certificate's user), a Kubernetes object name.
+fn kafka_user_name(principal: &str, authentication: StrimziAuthentication) -> anyhow::Result<&str> {
+    let user = principal.strip_prefix("User:").unwrap_or(principal);
+    let name = match user.strip_prefix("CN=") {
+        Some(common_name) if authentication.by_certificate() => common_name,
+        _ => user,
+    };
+    let expected = if authentication.by_certificate() {
+        "User:NAME or User:CN=NAME"
+    } else {
+        "User:NAME"
+    };
+    if !is_dns_subdomain(name) {
+        anyhow::bail!(
+            "principal {principal}: a KafkaUser is named after its user, and {name:?} is no \
+             Kubernetes object name (lowercase letters, digits, '-' and '.', starting and ending \
+             with a letter or digit, at most 253 characters); give --principal {expected}"
+        );
+    }
+    if authentication == StrimziAuthentication::Tls && name.len() > STRIMZI_TLS_NAME_MAX {
+        anyhow::bail!(
+            "principal {principal}: the User Operator refuses a tls user whose name is longer \
+             than {STRIMZI_TLS_NAME_MAX} characters (its certificate's CN); give a shorter \
+             --principal"
+        );
+    }
+    Ok(name)
+}
+
+/// Whether `name` is a DNS-1123 subdomain, as Kubernetes object names are.
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            let alphanumeric = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+            let bytes = label.as_bytes();
+            match (bytes.first(), bytes.last()) {
+                (Some(&first), Some(&last)) => {
+                    alphanumeric(first)
+                        && alphanumeric(last)
+                        && bytes.iter().all(|&c| alphanumeric(c) || c == b'-')
+                }
+                _ => false,
+            }
+        })
+}
+
+/// Whether `value` is a valid, non-empty Kubernetes label value.
+fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            bytes.len() <= 63
+                && first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && bytes
+                    .iter()
+                    .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+        }
+        _ => false,
+    }
+}
+
+/// The grants as `format` for `principal` (`User:NAME`); `strimzi` says
+/// what else a `KafkaUser` needs.
 pub fn render_acls(
     description: &ServiceDescription,
     grants: &[AclGrant],
     principal: &str,
     purpose: AclPurpose,
     format: AclFormat,
+    strimzi: &StrimziArgs,
 ) -> anyhow::Result<String> {
     let mut out = String::new();
     let of = match purpose {
@@ -504,16 +711,48 @@ pub fn render_acls(
             }
         }
         AclFormat::Strimzi => {
-            let user = principal.strip_prefix("User:").unwrap_or(principal);
+            let cluster = strimzi
+                .cluster
+                .as_deref()
+                .context("--format strimzi needs --strimzi-cluster NAME (the Kafka resource's)")?;
+            if !is_label_value(cluster) {
+                anyhow::bail!(
+                    "--strimzi-cluster {cluster:?}: not a Kubernetes label value (at most 63 \
+                     letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
+                );
+            }
+            let user = kafka_user_name(principal, strimzi.authentication)?;
+            let granted_to = if strimzi.authentication.by_certificate() {
+                format!("User:CN={user}")
+            } else {
+                format!("User:{user}")
+            };
             let _ = writeln!(
                 out,
-                "# {of} {} (application id {}).",
+                "# {of} {} (application id {}) for {granted_to}, as a KafkaUser of the Kafka \
+                 cluster {cluster}: apply it in the namespace its User Operator watches.",
                 description.service, description.application_id
             );
-            let _ = writeln!(out, "apiVersion: kafka.strimzi.io/v1beta2");
+            let _ = writeln!(out, "apiVersion: {}", strimzi.api_version.api_version());
             let _ = writeln!(out, "kind: KafkaUser");
-            let _ = writeln!(out, "metadata:\n  name: {user}");
-            let _ = writeln!(out, "spec:\n  authorization:\n    type: simple\n    acls:");
+            let _ = writeln!(
+                out,
+                "metadata:\n  name: \"{user}\"\n  labels:\n    strimzi.io/cluster: \"{cluster}\""
+            );
+            let _ = writeln!(out, "spec:");
+            match strimzi.authentication.type_name() {
+                Some(kind) => {
+                    let _ = writeln!(out, "  authentication:\n    type: {kind}");
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  # no authentication: the user logs in by other means than the User \
+                         Operator's (OAUTHBEARER, PLAIN)"
+                    );
+                }
+            }
+            let _ = writeln!(out, "  authorization:\n    type: simple\n    acls:");
             for grant in grants {
                 let kind = match grant.resource_type {
                     ResourceType::Topic => "topic",
@@ -546,4 +785,304 @@ pub fn render_acls(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A service of two stages like window-aggregator's, application id
+    /// `agg`, with queries on.
+    fn two_stages(processing_guarantee: ProcessingGuarantee) -> ServiceDescription {
+        let exactly_once = processing_guarantee == ProcessingGuarantee::ExactlyOnceV2;
+        let stage = |name: Option<&str>, group: &str, source: (&str, bool), sink: (&str, bool)| {
+            StageDescription {
+                name: name.map(str::to_string),
+                group_id: group.to_string(),
+                processor: "P".to_string(),
+                sources: vec![SourceDescription {
+                    topic: source.0.to_string(),
+                    internal: source.1,
+                    partitioning: "co-partitioned".to_string(),
+                    repartition_topic: None,
+                }],
+                sink: SinkDescription {
+                    topic: sink.0.to_string(),
+                    internal: sink.1,
+                    partitions: "as inputs",
+                },
+                stores: vec![StoreDescription {
+                    name: "windows".to_string(),
+                    changelog: format!("{group}-windows-changelog"),
+                }],
+                timers: vec![],
+                timers_from_state: false,
+                transactional_id: exactly_once.then(|| format!("{group}-<instance>")),
+            }
+        };
+        ServiceDescription {
+            service: "window-aggregator".to_string(),
+            application_id: "agg".to_string(),
+            processing_guarantee: if exactly_once {
+                "exactly_once_v2"
+            } else {
+                "at_least_once"
+            },
+            stages: vec![
+                stage(
+                    None,
+                    "agg",
+                    ("orders", false),
+                    ("agg-partials-repartition", true),
+                ),
+                stage(
+                    Some("final"),
+                    "agg-final",
+                    ("agg-partials-repartition", true),
+                    ("counts", false),
+                ),
+            ],
+            dead_letter_topic: "agg-dlq".to_string(),
+            late_topic: None,
+            query_endpoints_topic: Some("agg-query-endpoints".to_string()),
+        }
+    }
+
+    /// Whether `grants` allow `operation` on the resource `name`, as Kafka's
+    /// authorizer matches literal and prefixed patterns.
+    fn allows(grants: &[AclGrant], kind: ResourceType, name: &str, operation: &str) -> bool {
+        grants.iter().any(|grant| {
+            grant.resource_type == kind
+                && grant.operations.contains(&operation)
+                && match grant.pattern_type {
+                    PatternType::Literal => grant.name == name,
+                    PatternType::Prefixed => name.starts_with(&grant.name),
+                }
+        })
+    }
+
+    fn run_grants(description: &ServiceDescription) -> Vec<AclGrant> {
+        acl_grants(description, PatternType::Literal, AclPurpose::Run)
+    }
+
+    fn strimzi(cluster: Option<&str>, authentication: StrimziAuthentication) -> StrimziArgs {
+        StrimziArgs {
+            cluster: cluster.map(str::to_string),
+            authentication,
+            api_version: StrimziApiVersion::V1,
+        }
+    }
+
+    fn kafka_user(principal: &str, strimzi: &StrimziArgs) -> anyhow::Result<String> {
+        let description = two_stages(ProcessingGuarantee::ExactlyOnceV2);
+        render_acls(
+            &description,
+            &run_grants(&description),
+            principal,
+            AclPurpose::Run,
+            AclFormat::Strimzi,
+            strimzi,
+        )
+    }
+
+    /// The groups each consumer of the service names: the stages' own,
+    /// and those of the consumers that read by assignment (restore.rs,
+    /// standby/mod.rs, standby/watcher.rs, query/peers.rs).
+    #[test]
+    fn the_group_acls_cover_every_group_the_service_uses() {
+        let description = two_stages(ProcessingGuarantee::ExactlyOnceV2);
+        let grants = run_grants(&description);
+        for stage in &description.stages {
+            let group = &stage.group_id;
+            for used in [
+                group.clone(),
+                format!("{group}-restore"),
+                format!("{group}-standby"),
+                format!("{group}-standby-watch"),
+            ] {
+                assert!(
+                    allows(&grants, ResourceType::Group, &used, "Read"),
+                    "{used}: {grants:#?}"
+                );
+            }
+        }
+        let reader = format!("{}-reader", description.query_endpoints_topic.unwrap());
+        assert!(allows(&grants, ResourceType::Group, &reader, "Read"));
+    }
+
+    #[test]
+    fn the_internal_topic_acls_cover_every_internal_topic() {
+        let description = two_stages(ProcessingGuarantee::ExactlyOnceV2);
+        let grants = run_grants(&description);
+        for topic in description.internal_topics() {
+            for operation in ["Create", "Read", "Write"] {
+                assert!(
+                    allows(&grants, ResourceType::Topic, &topic, operation),
+                    "{operation} on {topic}"
+                );
+            }
+        }
+        for stage in &description.stages {
+            let id = format!("{}-instance-0-1", stage.group_id);
+            assert!(allows(&grants, ResourceType::TransactionalId, &id, "Write"));
+        }
+    }
+
+    /// Application `agg` is granted nothing of application `agg2`: no
+    /// group, internal topic or transactional id.
+    #[test]
+    fn no_acl_covers_an_application_whose_id_extends_this_ones() {
+        let description = two_stages(ProcessingGuarantee::ExactlyOnceV2);
+        for purpose in [AclPurpose::Run, AclPurpose::Reset] {
+            let grants = acl_grants(&description, PatternType::Literal, purpose);
+            for group in ["agg2", "agg2-final", "agg2-restore", "aggregates"] {
+                assert!(
+                    !allows(&grants, ResourceType::Group, group, "Read"),
+                    "{purpose:?}: group {group} is covered: {grants:#?}"
+                );
+            }
+            for topic in ["agg2-dlq", "agg2-windows-changelog", "aggregates"] {
+                for operation in ["Create", "Read", "Write", "Delete"] {
+                    assert!(
+                        !allows(&grants, ResourceType::Topic, topic, operation),
+                        "{purpose:?}: {operation} on topic {topic}"
+                    );
+                }
+            }
+            assert!(!allows(
+                &grants,
+                ResourceType::TransactionalId,
+                "agg2-0",
+                "Write"
+            ));
+        }
+    }
+
+    #[test]
+    fn every_prefix_ends_with_the_separator() {
+        for guarantee in [
+            ProcessingGuarantee::ExactlyOnceV2,
+            ProcessingGuarantee::AtLeastOnce,
+        ] {
+            let description = two_stages(guarantee);
+            for purpose in [AclPurpose::Run, AclPurpose::Reset] {
+                for grant in acl_grants(&description, PatternType::Literal, purpose) {
+                    if grant.pattern_type == PatternType::Prefixed {
+                        assert!(grant.name.ends_with('-'), "{purpose:?}: {grant:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first stage's group by name, the others under the prefix `A-`.
+    #[test]
+    fn the_run_grants_name_the_first_group_and_prefix_the_others() {
+        let description = two_stages(ProcessingGuarantee::AtLeastOnce);
+        let groups: Vec<(String, PatternType)> = run_grants(&description)
+            .into_iter()
+            .filter(|grant| grant.resource_type == ResourceType::Group)
+            .map(|grant| (grant.name, grant.pattern_type))
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                ("agg".to_string(), PatternType::Literal),
+                ("agg-".to_string(), PatternType::Prefixed),
+            ]
+        );
+    }
+
+    /// A reset describes and commits the stages' groups, and no other.
+    #[test]
+    fn the_reset_grants_name_each_stage_group() {
+        let description = two_stages(ProcessingGuarantee::ExactlyOnceV2);
+        let grants = acl_grants(&description, PatternType::Literal, AclPurpose::Reset);
+        let groups: Vec<(&str, PatternType, &[&str])> = grants
+            .iter()
+            .filter(|grant| grant.resource_type == ResourceType::Group)
+            .map(|grant| {
+                (
+                    grant.name.as_str(),
+                    grant.pattern_type,
+                    grant.operations.as_slice(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                ("agg", PatternType::Literal, &["Read"][..]),
+                ("agg-final", PatternType::Literal, &["Read"][..]),
+            ]
+        );
+        assert!(!allows(&grants, ResourceType::Group, "agg-restore", "Read"));
+    }
+
+    #[test]
+    fn a_strimzi_kafka_user_names_its_cluster_and_authentication() {
+        let user = kafka_user(
+            "User:agg",
+            &strimzi(Some("my-cluster"), StrimziAuthentication::ScramSha512),
+        )
+        .unwrap();
+        assert!(user.contains("\napiVersion: kafka.strimzi.io/v1\nkind: KafkaUser\n"));
+        assert!(
+            user.contains(
+                "\nmetadata:\n  name: \"agg\"\n  labels:\n    strimzi.io/cluster: \"my-cluster\"\n"
+            ),
+            "{user}"
+        );
+        assert!(
+            user.contains("\nspec:\n  authentication:\n    type: scram-sha-512\n  authorization:\n    type: simple\n    acls:\n"),
+            "{user}"
+        );
+        assert!(user.contains(
+            "      - resource:\n          type: group\n          name: \"agg-\"\n          \
+             patternType: prefix\n        operations: [Read]\n"
+        ));
+        for (authentication, kind) in [
+            (StrimziAuthentication::Tls, "tls"),
+            (StrimziAuthentication::TlsExternal, "tls-external"),
+        ] {
+            let user = kafka_user("User:agg", &strimzi(Some("c"), authentication)).unwrap();
+            assert!(user.contains(&format!("  authentication:\n    type: {kind}\n")));
+            assert!(user.contains(" for User:CN=agg, "), "{user}");
+        }
+        let user =
+            kafka_user("User:agg", &strimzi(Some("c"), StrimziAuthentication::None)).unwrap();
+        assert!(!user.contains("\n  authentication:"), "{user}");
+        let older = StrimziArgs {
+            api_version: StrimziApiVersion::V1beta2,
+            ..strimzi(Some("c"), StrimziAuthentication::ScramSha512)
+        };
+        let user = kafka_user("User:agg", &older).unwrap();
+        assert!(user.contains("\napiVersion: kafka.strimzi.io/v1beta2\n"));
+    }
+
+    #[test]
+    fn a_strimzi_kafka_user_needs_a_cluster_and_a_kubernetes_name() {
+        let scram = StrimziAuthentication::ScramSha512;
+        let error = kafka_user("User:agg", &strimzi(None, scram)).unwrap_err();
+        assert!(error.to_string().contains("--strimzi-cluster"), "{error}");
+        for cluster in ["", "my cluster", "-c", &"c".repeat(64)] {
+            let error = kafka_user("User:agg", &strimzi(Some(cluster), scram)).unwrap_err();
+            assert!(error.to_string().contains("label value"), "{error}");
+        }
+        for principal in ["User:Agg", "User:agg_1", "User:CN=agg", "Group:agg"] {
+            let error = kafka_user(principal, &strimzi(Some("c"), scram)).unwrap_err();
+            assert!(
+                error.to_string().contains("no Kubernetes object name"),
+                "{principal}: {error}"
+            );
+        }
+        let tls = strimzi(Some("c"), StrimziAuthentication::Tls);
+        let user = kafka_user("User:CN=agg", &tls).unwrap();
+        assert!(user.contains("  name: \"agg\"\n"), "{user}");
+        let long = format!("User:{}", "a".repeat(STRIMZI_TLS_NAME_MAX + 1));
+        let error = kafka_user(&long, &tls).unwrap_err();
+        assert!(error.to_string().contains("tls user"), "{error}");
+        let external = strimzi(Some("c"), StrimziAuthentication::TlsExternal);
+        assert!(kafka_user(&long, &external).is_ok());
+    }
 }
