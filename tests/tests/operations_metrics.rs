@@ -1,6 +1,7 @@
 //! The series an operator pages on, read from a running service: consumer
 //! lag per input partition while a backlog is worked off, rebalances,
-//! readiness, and build and process information. (Restore progress is read
+//! readiness, build and process information, and RocksDB's memory and
+//! disk. (Restore progress is read
 //! during a restore in signals.rs; a stalled thread's `/healthz` in
 //! embed_batcher.rs.)
 
@@ -33,13 +34,6 @@ fn lag_rises_with_a_backlog_and_falls_to_zero_on_every_input_partition() {
     loop {
         let text = service.metrics();
         most_behind = most_behind.max((0..PARTITIONS).map(|p| lag(&text, p)).sum());
-        eprintln!(
-            "DEBUG {}",
-            text.lines()
-                .filter(|l| l.contains("lag_records") || l.contains("consumed_total"))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        );
         if metric_value(&text, &consumed) >= lines.len() as f64 {
             break;
         }
@@ -105,4 +99,23 @@ fn lag_rises_with_a_backlog_and_falls_to_zero_on_every_input_partition() {
         metric_value(&text, "streams_stalled_seconds") < 5.0,
         "{text}"
     );
+
+    // RocksDB: the block cache is the default budget's twelve sixteenths
+    // (256 MiB), memtables charged to it; each task wrote to its memtables.
+    let cache = |kind: &str| {
+        metric_value(
+            &text,
+            &format!("streams_rocksdb_block_cache_bytes{{kind=\"{kind}\"}}"),
+        )
+    };
+    assert_eq!(cache("capacity"), (192u64 << 20) as f64, "{text}");
+    assert!(cache("usage") > 0.0, "{text}");
+    for task in 0..PARTITIONS {
+        let series =
+            |kind: &str| format!("streams_rocksdb_bytes{{task=\"{task}\",kind=\"{kind}\"}}");
+        assert!(metric_value(&text, &series("memtables")) > 0.0, "{text}");
+        for kind in ["live_sst_files", "pending_compaction"] {
+            assert!(text.contains(&format!("{} ", series(kind))), "{text}");
+        }
+    }
 }

@@ -371,6 +371,16 @@ impl Pipeline {
             queryable: Vec::new(),
             args: self.args,
         };
+        let resources = env.state_resources.clone();
+        env.metrics.add_process_gauges(Box::new(move |snapshot| {
+            for (kind, bytes) in resources.block_cache_bytes() {
+                snapshot.set(
+                    crate::metrics::ROCKSDB_BLOCK_CACHE_BYTES,
+                    vec![("kind", kind.into())],
+                    bytes as f64,
+                );
+            }
+        }));
         let mut prepared = Vec::new();
         for stage in self.stages {
             shutdown::check(&env.shutdown)?;

@@ -70,6 +70,12 @@ pub const WATERMARK_LAG: &str = "streams_watermark_lag_seconds";
 pub const STATE_BYTES: &str = "streams_state_bytes";
 /// Estimated keys per store and task.
 pub const STATE_KEYS: &str = "streams_state_keys";
+/// Gauge, per task and `kind`: RocksDB's memtables, live SST files, and
+/// bytes compaction still has to rewrite.
+pub const ROCKSDB_BYTES: &str = "streams_rocksdb_bytes";
+/// Gauge, per `kind`: the process's one RocksDB block cache, its capacity,
+/// usage (memtables charged to it included) and pinned part.
+pub const ROCKSDB_BLOCK_CACHE_BYTES: &str = "streams_rocksdb_block_cache_bytes";
 /// Pending timers, by task (spilled ones included).
 pub const TIMERS_PENDING: &str = "streams_timers_pending";
 /// Pending timers beyond the task's memory budget, kept in its RocksDB.
@@ -315,7 +321,13 @@ pub struct Metrics {
     /// How long a processing thread may go without progress while input
     /// waits before `/healthz` fails (`--liveness-timeout`); never when `None`.
     liveness_timeout: Option<Duration>,
+    /// Series of the process as a whole, read when `/metrics` is asked.
+    process_gauges: Mutex<Vec<ProcessGauges>>,
 }
+
+/// Sets gauges of the whole process on a snapshot (see
+/// [`Metrics::add_process_gauges`]).
+pub type ProcessGauges = Box<dyn Fn(&mut Snapshot) + Send + Sync>;
 
 /// One processing thread's last published state.
 struct StageSlot {
@@ -468,6 +480,12 @@ impl Metrics {
         }
     }
 
+    /// Adds `gauges`, series of the whole process that no thread owns
+    /// (the shared block cache), read at every [`Metrics::snapshot`].
+    pub fn add_process_gauges(&self, gauges: ProcessGauges) {
+        self.process_gauges.lock().unwrap().push(gauges);
+    }
+
     /// Every stage's last snapshot and present activity, merged, with the
     /// process's own series.
     pub fn snapshot(&self) -> Snapshot {
@@ -476,6 +494,9 @@ impl Metrics {
         merged.set(READY, vec![], f64::from(u8::from(Self::all_ready(&stages))));
         export_build_info(&mut merged);
         crate::process_stats::export(&mut merged);
+        for gauges in self.process_gauges.lock().unwrap().iter() {
+            gauges(&mut merged);
+        }
         for stage in stages.iter() {
             let mut activity = Snapshot::default();
             if let Some(stage_activity) = &stage.activity {

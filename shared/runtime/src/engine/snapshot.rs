@@ -70,11 +70,19 @@ impl<P: Processor> Engine<P> {
                 label(),
                 task.timers_spilled() as f64,
             );
-            snapshot.set(
-                metrics::STATE_BYTES,
-                label(),
-                task.store.estimated_bytes() as f64,
-            );
+            let usage = task.store.rocksdb_usage();
+            snapshot.set(metrics::STATE_BYTES, label(), usage.state_bytes() as f64);
+            for (kind, bytes) in [
+                ("memtables", usage.memtables),
+                ("live_sst_files", usage.live_sst_files),
+                ("pending_compaction", usage.pending_compaction),
+            ] {
+                snapshot.set(
+                    metrics::ROCKSDB_BYTES,
+                    vec![("task", task.partition.to_string()), ("kind", kind.into())],
+                    bytes as f64,
+                );
+            }
             for (index, name) in self.settings.store_names.iter().enumerate() {
                 snapshot.set(
                     metrics::STATE_KEYS,

@@ -16,6 +16,7 @@ use crate::pool::WorkerPool;
 #[derive(Clone)]
 pub struct StateResources {
     cache: Cache,
+    cache_capacity: usize,
     write_buffers: WriteBufferManager,
     pub(super) shares: Arc<MemoryShares>,
     pub(super) writers: Arc<WorkerPool>,
@@ -64,6 +65,7 @@ impl StateResources {
         );
         StateResources {
             cache,
+            cache_capacity: rocksdb_bytes,
             write_buffers,
             shares: Arc::new(MemoryShares {
                 read_cache_bytes,
@@ -73,6 +75,16 @@ impl StateResources {
             writers: Arc::new(WorkerPool::new("state-writer", writers)),
             open_stores: Arc::default(),
         }
+    }
+
+    /// The block cache's capacity, usage (the memtables charged to it
+    /// included) and pinned part, in bytes.
+    pub fn block_cache_bytes(&self) -> [(&'static str, usize); 3] {
+        [
+            ("capacity", self.cache_capacity),
+            ("usage", self.cache.get_usage()),
+            ("pinned", self.cache.get_pinned_usage()),
+        ]
     }
 
     /// The task stores open in the process.

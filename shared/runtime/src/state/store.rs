@@ -450,26 +450,46 @@ impl TaskStore {
             .unwrap_or(0)
     }
 
-    /// Estimated bytes of committed data across all stores.
-    pub fn estimated_bytes(&self) -> u64 {
-        (0..self.names.len())
-            .map(|store| {
-                let family = self.family(store);
-                let live = self
-                    .db
-                    .property_int_value_cf(family, "rocksdb.estimate-live-data-size")
-                    .ok()
-                    .flatten()
-                    .unwrap_or(0);
-                let memtables = self
-                    .db
-                    .property_int_value_cf(family, "rocksdb.cur-size-all-mem-tables")
-                    .ok()
-                    .flatten()
-                    .unwrap_or(0);
-                live + memtables
-            })
-            .sum()
+    /// What RocksDB holds and owes for this task, across all stores, as
+    /// its properties estimate it.
+    pub fn rocksdb_usage(&self) -> RocksdbUsage {
+        let property = |family, name| {
+            self.db
+                .property_int_value_cf(family, name)
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+        };
+        let mut usage = RocksdbUsage::default();
+        for store in 0..self.names.len() {
+            let family = self.family(store);
+            usage.live_data += property(family, "rocksdb.estimate-live-data-size");
+            usage.memtables += property(family, "rocksdb.cur-size-all-mem-tables");
+            usage.live_sst_files += property(family, "rocksdb.live-sst-files-size");
+            usage.pending_compaction +=
+                property(family, "rocksdb.estimate-pending-compaction-bytes");
+        }
+        usage
+    }
+}
+
+/// A task store's RocksDB bytes (see [`TaskStore::rocksdb_usage`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RocksdbUsage {
+    /// Live data in its SST files, without what compaction will drop.
+    pub live_data: u64,
+    /// Its memtables, charged to the block cache.
+    pub memtables: u64,
+    /// Its SST files on disk, live ones only.
+    pub live_sst_files: u64,
+    /// What compaction estimates it still has to rewrite.
+    pub pending_compaction: u64,
+}
+
+impl RocksdbUsage {
+    /// Estimated bytes of committed state: live data plus memtables.
+    pub fn state_bytes(&self) -> u64 {
+        self.live_data + self.memtables
     }
 }
 
