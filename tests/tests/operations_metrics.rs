@@ -1,7 +1,7 @@
 //! The series an operator pages on, read from a running service: consumer
 //! lag per input partition while a backlog is worked off, rebalances,
-//! readiness, build and process information, and RocksDB's memory and
-//! disk. (Restore progress is read
+//! readiness, end-to-end latency, build and process information, and
+//! RocksDB's memory and disk. (Restore progress is read
 //! during a restore in signals.rs; a stalled thread's `/healthz` in
 //! embed_batcher.rs.)
 
@@ -17,6 +17,7 @@ const PARTITIONS: usize = 3;
 fn lag_rises_with_a_backlog_and_falls_to_zero_on_every_input_partition() {
     let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", PARTITIONS);
     let (lines, expected) = generate(10_000, 20, BASE);
+    let produced = Instant::now();
     produce(&run.input, "user-events", &lines);
     let service = Service::start("sessionizer", &run.args(&[]));
     let lag = |text: &str, partition: usize| {
@@ -98,6 +99,17 @@ fn lag_rises_with_a_backlog_and_falls_to_zero_on_every_input_partition() {
     assert!(
         metric_value(&text, "streams_stalled_seconds") < 5.0,
         "{text}"
+    );
+
+    // End-to-end latency: every input record, from its timestamp (when it
+    // was produced, before the service started) to its commit.
+    let records = metric_value(&text, "streams_e2e_latency_records_total");
+    assert_eq!(records, lines.len() as f64, "{text}");
+    let mean = metric_value(&text, "streams_e2e_latency_seconds_total") / records;
+    let since_produced = produced.elapsed().as_secs_f64();
+    assert!(
+        mean > 0.0 && mean < since_produced,
+        "mean end-to-end latency {mean} s, {since_produced} s since the input was produced"
     );
 
     // RocksDB: the block cache is the default budget's twelve sixteenths

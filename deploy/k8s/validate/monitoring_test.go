@@ -22,7 +22,7 @@ const monitoringDir = "deploy/k8s/components/monitoring/"
 // documentedMetrics reads the table of docs/metrics.md: name -> labels.
 func documentedMetrics(t testing.TB) map[string][]string {
 	t.Helper()
-	row := regexp.MustCompile("(?m)^\\| `((?:streams|process)_[a-z_]+)` \\| [a-z]+ \\| ([^|]*)\\|")
+	row := regexp.MustCompile("(?m)^\\| `((?:streams|process)_[a-z0-9_]+)` \\| [a-z]+ \\| ([^|]*)\\|")
 	label := regexp.MustCompile("`([a-z_]+)`")
 	metrics := map[string][]string{}
 	for _, m := range row.FindAllStringSubmatch(readRepoFile(t, "docs/metrics.md"), -1) {
@@ -200,7 +200,7 @@ func TestDocumentedMetricsExist(t *testing.T) {
 // docs/metrics.md's table: the other direction of TestDocumentedMetricsExist.
 func TestDefinedMetricsAreDocumented(t *testing.T) {
 	documented := documentedMetrics(t)
-	defined := regexp.MustCompile(`pub const [A-Z_]+: &str = "((?:streams|process)_[a-z_]+)";`).
+	defined := regexp.MustCompile(`pub const [A-Z0-9_]+: &str = "((?:streams|process)_[a-z0-9_]+)";`).
 		FindAllStringSubmatch(readRepoFile(t, "shared/runtime/src/metrics.rs"), -1)
 	if len(defined) < 10 {
 		t.Fatalf("found only %d metric names in shared/runtime/src/metrics.rs", len(defined))

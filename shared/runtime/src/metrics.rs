@@ -38,6 +38,14 @@ pub const COMMITS: &str = "streams_commits_total";
 pub const COMMITS_ABORTED: &str = "streams_commits_aborted_total";
 /// Total seconds spent committing.
 pub const COMMIT_SECONDS: &str = "streams_commit_duration_seconds_total";
+/// Counter: the sum, over committed input records, of the wall-clock time
+/// from each record's Kafka timestamp to the commit that carried it.
+pub const E2E_LATENCY_SECONDS: &str = "streams_e2e_latency_seconds_total";
+/// Counter: the input records [`E2E_LATENCY_SECONDS`] counts.
+pub const E2E_LATENCY_RECORDS: &str = "streams_e2e_latency_records_total";
+/// Gauge: the largest end-to-end latency of the last commit that carried
+/// records.
+pub const E2E_LATENCY_MAX: &str = "streams_e2e_latency_max_seconds";
 /// Seconds the processing thread spent in each phase of its loop, by
 /// `phase`: `poll` (waiting for records), `process` (decoding, processing,
 /// handing records to the producer), `commit_prepare` (changelog records,

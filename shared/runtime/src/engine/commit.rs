@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use super::Engine;
+use super::{Engine, Timestamps};
 use crate::collector::{ChangelogPartition, Headers};
 use crate::processor::Processor;
 use crate::restore::ChangelogReach;
@@ -128,6 +128,7 @@ impl<P: Processor> Engine<P> {
             }
         }
         self.sealed_progress = self.progress();
+        self.counters.sealed = std::mem::take(&mut self.counters.handled);
         Ok(self
             .positions
             .iter()
@@ -213,6 +214,9 @@ impl<P: Processor> Engine<P> {
         for (name, count) in std::mem::take(&mut self.sealed_counters) {
             *self.counters.processor.entry(name).or_default() += count;
         }
+        let committed = std::mem::take(&mut self.counters.sealed);
+        let now_ms = self.clock.now().epoch_ms;
+        self.counters.latency.observe(committed, now_ms);
         self.counters.commits += 1;
         Ok(())
     }
@@ -228,6 +232,8 @@ impl<P: Processor> Engine<P> {
         self.upstream.clear();
         self.positions.clear();
         self.sealed_counters.clear();
+        self.counters.handled = Timestamps::default();
+        self.counters.sealed = Timestamps::default();
         self.collector.discard();
         Ok(())
     }

@@ -48,7 +48,7 @@ use crate::topology::{DecodeFn, RekeyFn};
 use crate::watermark::{partition_watermark, Announcement};
 #[cfg(feature = "test-utils")]
 pub(crate) use counters::RecordCounts;
-pub(crate) use counters::{EngineCounters, TopicCounts};
+pub(crate) use counters::{EngineCounters, Timestamps, TopicCounts};
 pub(crate) use drain::Flush;
 use job_gate::JobGate;
 
@@ -124,6 +124,8 @@ pub(crate) struct Incoming<'a> {
     pub value: Option<&'a [u8]>,
     /// The writer's watermark, on records of shuffled inputs.
     pub announcement: Option<Announcement>,
+    /// The record's Kafka timestamp (milliseconds since the epoch).
+    pub timestamp: Option<i64>,
 }
 
 /// Event-time progress of one source partition of a repartitioning.
@@ -264,9 +266,13 @@ impl<P: Processor> Engine<P> {
             subscription,
             partition,
             offset,
+            timestamp,
             ..
         } = message;
         self.counters.topics[subscription].consumed += 1;
+        if let Some(timestamp) = timestamp {
+            self.counters.handled.add(timestamp);
+        }
         let origin = Origin {
             topic_index: subscription,
             offset,

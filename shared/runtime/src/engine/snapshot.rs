@@ -39,6 +39,12 @@ impl<P: Processor> Engine<P> {
         snapshot.add(metrics::COMMITS, vec![], counters.commits);
         snapshot.add(metrics::COMMITS_ABORTED, vec![], counters.commits_aborted);
         snapshot.add_f64(metrics::COMMIT_SECONDS, vec![], counters.commit_seconds);
+        let latency = &counters.latency;
+        snapshot.add(metrics::E2E_LATENCY_RECORDS, vec![], latency.records);
+        snapshot.add_f64(metrics::E2E_LATENCY_SECONDS, vec![], latency.sum_seconds);
+        if let Some(max) = latency.max_seconds {
+            snapshot.set(metrics::E2E_LATENCY_MAX, vec![], max);
+        }
         if self.runs_jobs_off_thread() {
             snapshot.set(
                 metrics::JOBS_IN_FLIGHT,

@@ -227,6 +227,7 @@ impl<P: Processor> KafkaStage<P> {
                 key: message.key(),
                 value: message.payload(),
                 announcement,
+                timestamp: message.timestamp().to_millis(),
             },
             &mut |collector| send(collector, delivery, hold),
         )?;
