@@ -112,6 +112,26 @@ fn lag_rises_with_a_backlog_and_falls_to_zero_on_every_input_partition() {
         "mean end-to-end latency {mean} s, {since_produced} s since the input was produced"
     );
 
+    // The clients' round trips to the broker, from librdkafka's statistics
+    // (every 15 s): the consumer's and the producer's.
+    for client in ["consumer", "producer"] {
+        let series = format!("streams_kafka_request_latency_seconds{{client=\"{client}\",broker=");
+        assert!(
+            eventually(Duration::from_secs(40), || {
+                service.metrics().lines().any(|line| {
+                    line.starts_with(&series)
+                        && line.contains("quantile=\"0.99\"")
+                        && line
+                            .rsplit_once(' ')
+                            .and_then(|(_, value)| value.parse::<f64>().ok())
+                            .is_some_and(|seconds| seconds > 0.0 && seconds < 10.0)
+                })
+            }),
+            "no round trip of the {client}:\n{}",
+            service.metrics()
+        );
+    }
+
     // RocksDB: the block cache is the default budget's twelve sixteenths
     // (256 MiB), memtables charged to it; each task wrote to its memtables.
     let cache = |kind: &str| {

@@ -24,6 +24,7 @@
 pub(crate) mod brokers;
 pub(crate) mod kafka;
 mod registry;
+pub(crate) mod statistics;
 
 use std::borrow::Cow;
 use std::io::Write;

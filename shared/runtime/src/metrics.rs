@@ -81,6 +81,14 @@ pub const STATE_KEYS: &str = "streams_state_keys";
 /// Gauge, per task and `kind`: RocksDB's memtables, live SST files, and
 /// bytes compaction still has to rewrite.
 pub const ROCKSDB_BYTES: &str = "streams_rocksdb_bytes";
+/// Gauge, per `client` (`consumer`, `producer`), `broker` and `quantile`:
+/// request round trips to the broker, from librdkafka's statistics.
+pub const KAFKA_REQUEST_LATENCY: &str = "streams_kafka_request_latency_seconds";
+/// Gauge, per `client` and `broker`: the longest a broker throttled the
+/// client in librdkafka's last statistics window (quotas).
+pub const KAFKA_THROTTLE_MAX: &str = "streams_kafka_throttle_max_seconds";
+/// Counter, per `client`: requests that timed out.
+pub const KAFKA_REQUEST_TIMEOUTS: &str = "streams_kafka_request_timeouts_total";
 /// Gauge, per `kind`: the process's one RocksDB block cache, its capacity,
 /// usage (memtables charged to it included) and pinned part.
 pub const ROCKSDB_BLOCK_CACHE_BYTES: &str = "streams_rocksdb_block_cache_bytes";

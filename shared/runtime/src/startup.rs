@@ -412,15 +412,17 @@ impl<P: Processor> StagePlan<P> {
         })?;
         let group_instance_id = args.instance_id.as_deref().map(|id| thread.member_id(id));
         let context = StageContext::new(stage);
-        let consumer: GroupConsumer<P> = group_consumer_config(
+        let mut config = group_consumer_config(
             &env.client_config,
             args.group_protocol,
             &self.application_id,
             &client_id(&self.instance, thread.index),
             group_instance_id.as_deref(),
-        )
-        .create_with_context(context)
-        .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
+        );
+        crate::client::statistics::enable(&mut config);
+        let consumer: GroupConsumer<P> = config
+            .create_with_context(context)
+            .map_err(|e| anyhow::anyhow!("cannot create the Kafka consumer: {e}"))?;
         Ok(consumer)
     }
 }

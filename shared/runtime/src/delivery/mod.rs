@@ -123,6 +123,7 @@ impl Delivery {
         transactional_id: Option<&str>,
         shutdown: Option<&std::sync::atomic::AtomicBool>,
     ) -> anyhow::Result<Self> {
+        crate::client::statistics::enable(&mut config);
         config
             .set("partitioner", "murmur2_random")
             .set("enable.idempotence", "true")
@@ -494,6 +495,7 @@ impl Delivery {
 
     /// Adds the transaction open times to `snapshot` (under exactly-once).
     pub fn export(&self, snapshot: &mut Snapshot) {
+        (self.producer.context().statistics).export("producer", snapshot);
         if !self.transactional {
             return;
         }

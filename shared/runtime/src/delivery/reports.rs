@@ -12,7 +12,10 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
+use rdkafka::statistics::Statistics;
 use rdkafka::ClientContext;
+
+use crate::client::statistics::ClientStatistics;
 
 /// Tag for records whose delivery offset nobody needs.
 pub const UNTRACKED: usize = 0;
@@ -40,6 +43,8 @@ pub struct DeliveryReports {
     /// What the broker refused for want of an ACL, once: retrying cannot
     /// help, so the next commit fails for good with it.
     pub(super) denied: Mutex<Option<String>>,
+    /// The producer's last librdkafka statistics.
+    pub(super) statistics: ClientStatistics,
 }
 
 impl Default for DeliveryReports {
@@ -49,6 +54,7 @@ impl Default for DeliveryReports {
             failure: Mutex::default(),
             reported: std::array::from_fn(|_| AtomicU64::new(0)),
             denied: Mutex::default(),
+            statistics: ClientStatistics::default(),
         }
     }
 }
@@ -60,6 +66,10 @@ impl DeliveryReports {
 }
 
 impl ClientContext for DeliveryReports {
+    fn stats(&self, statistics: Statistics) {
+        self.statistics.record(&statistics);
+    }
+
     /// librdkafka's log, as rdkafka's default forwards it; a transaction
     /// that a missing ACL made abortable shows only here ("Failed to add
     /// partition ... to transaction: Broker: Topic authorization failed"),

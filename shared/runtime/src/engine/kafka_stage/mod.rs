@@ -45,6 +45,7 @@ pub(crate) use rebalance::{GroupConsumer, StageContext};
 pub(crate) use run_loop::run_stage;
 
 use crate::client::brokers::BrokerWatch;
+use crate::client::statistics::ClientStatistics;
 use crate::collector::{ChangelogPartition, Collector, Headers, RecordView};
 use crate::config::ProcessingGuarantee;
 use crate::delivery::{Delivery, Outgoing, UNTRACKED};
@@ -78,6 +79,8 @@ pub(crate) struct KafkaStage<P: Processor> {
     input_lag: InputLag,
     /// Whether the consumer has dropped every broker.
     brokers: BrokerWatch,
+    /// The consumer's last librdkafka statistics, which its context keeps.
+    pub(super) consumer_statistics: Arc<ClientStatistics>,
     /// Assignments received (see [`metrics::REBALANCES`]).
     rebalances: u64,
     /// Whether an assignment has come since the start, or since the last
@@ -189,6 +192,7 @@ impl<P: Processor> KafkaStage<P> {
             metrics,
             input_lag: InputLag::default(),
             brokers: BrokerWatch::default(),
+            consumer_statistics: Arc::default(),
             rebalances: 0,
             assigned: false,
             phases: PhaseTimes::default(),
@@ -285,6 +289,7 @@ impl<P: Processor> KafkaStage<P> {
         let mut snapshot = self.engine.snapshot();
         self.phases.export(&mut snapshot);
         self.delivery.export(&mut snapshot);
+        self.consumer_statistics.export("consumer", &mut snapshot);
         self.input_lag.export(&mut snapshot);
         snapshot.add(metrics::REBALANCES, vec![], self.rebalances);
         snapshot.set(

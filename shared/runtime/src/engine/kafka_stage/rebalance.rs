@@ -1,18 +1,19 @@
 //! Rebalances: the consumer context through which librdkafka's callbacks
 //! reach the stage, and what an assignment or a revocation does to tasks.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, RebalanceProtocol};
 use rdkafka::error::KafkaError;
+use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-
-use std::sync::Mutex;
 
 use super::state_updater::OpenedTask;
 use super::store_opening::CommittedInput;
 use super::KafkaStage;
+use crate::client::statistics::ClientStatistics;
 use crate::config::ProcessingGuarantee;
 use crate::engine::Engine;
 use crate::processor::Processor;
@@ -20,16 +21,23 @@ use crate::processor::Processor;
 /// The consumer context: rebalance callbacks reach the stage through it.
 pub(crate) struct StageContext<P: Processor> {
     pub(super) stage: Mutex<Option<KafkaStage<P>>>,
+    /// Apart from the stage: statistics arrive while the stage is in use.
+    statistics: Arc<ClientStatistics>,
 }
 
 pub(crate) type GroupConsumer<P> = BaseConsumer<StageContext<P>>;
 
-impl<P: Processor> ClientContext for StageContext<P> {}
+impl<P: Processor> ClientContext for StageContext<P> {
+    fn stats(&self, statistics: Statistics) {
+        self.statistics.record(&statistics);
+    }
+}
 
 impl<P: Processor> StageContext<P> {
     /// The context of a consumer that runs `stage`.
     pub fn new(stage: KafkaStage<P>) -> Self {
         StageContext {
+            statistics: stage.consumer_statistics.clone(),
             stage: Mutex::new(Some(stage)),
         }
     }
