@@ -170,6 +170,42 @@ func TestPromtoolRuleUnitTestsCatchAChangedThreshold(t *testing.T) {
 	}
 }
 
+// The unit tests bite on StreamsServiceAbsent too: removing a service's
+// selector, or a `for` too short to ride out a single-instance restart
+// (5 minutes, against the test's gap of 7), fails them.
+func TestPromtoolRuleUnitTestsCatchABrokenAbsenceAlert(t *testing.T) {
+	short := monitoringv1.Duration("5m")
+	for name, change := range map[string]func(*monitoringv1.Rule) bool{
+		"without sessionizer's selector": func(r *monitoringv1.Rule) bool {
+			const selector = `or absent(up{job="streams-services", service="sessionizer"})`
+			if !strings.Contains(r.Expr.String(), selector) {
+				return false
+			}
+			r.Expr = intstr.FromString(strings.Replace(r.Expr.String(), selector, "", 1))
+			return true
+		},
+		"for: 5m": func(r *monitoringv1.Rule) bool { r.For = &short; return true },
+	} {
+		spec := prometheusRule(t).Spec.DeepCopy()
+		changed := false
+		for g := range spec.Groups {
+			for i := range spec.Groups[g].Rules {
+				if spec.Groups[g].Rules[i].Alert == "StreamsServiceAbsent" {
+					changed = change(&spec.Groups[g].Rules[i])
+				}
+			}
+		}
+		if !changed {
+			t.Errorf("%s: StreamsServiceAbsent has nothing to change; update this self-test", name)
+			continue
+		}
+		out, ok := runRuleUnitTests(t, *spec)
+		if ok || !strings.Contains(out, "StreamsServiceAbsent") {
+			t.Errorf("the unit tests passed with StreamsServiceAbsent %s:\n%s", name, out)
+		}
+	}
+}
+
 // ruleTests is the part of promtool's unit-test format read here.
 type ruleTests struct {
 	RuleFiles []string `yaml:"rule_files"`
@@ -373,7 +409,7 @@ func alertProblems(rule monitoringv1.Rule, ctx alertContext) []string {
 		}
 		return true
 	}
-	parser.Inspect(expr, func(node parser.Node, _ []parser.Node) error {
+	parser.Inspect(expr, func(node parser.Node, path []parser.Node) error {
 		switch n := node.(type) {
 		case *parser.VectorSelector:
 			own, ok, external := labelsOf(n.Name)
@@ -382,14 +418,27 @@ func alertProblems(rule monitoringv1.Rule, ctx alertContext) []string {
 				return nil
 			}
 			for _, m := range n.LabelMatchers {
-				if m.Name == labels.MetricName {
-					continue
-				}
-				if !contains(own, m.Name) && (external || !allowed[m.Name]) {
+				if m.Name != labels.MetricName && !contains(own, m.Name) && (external || !allowed[m.Name]) {
 					add("%s has no label %q", n.Name, m.Name)
 				}
-				if external {
-					continue // another job's targets
+			}
+			if external {
+				return nil // another job's targets
+			}
+			if underAbsent(path) {
+				// absent() fires while its selector selects nothing, so it
+				// may pick one service's targets, but must select some
+				// target of each scrape setup, or it always fires.
+				for _, setup := range targetSetups(ctx.targets) {
+					if len(selectedServices(n, ctx.targets, setup)) == 0 {
+						add("%s selects no target of the %s: absent() of it always fires", n, setup)
+					}
+				}
+				return nil
+			}
+			for _, m := range n.LabelMatchers {
+				if m.Name == labels.MetricName {
+					continue
 				}
 				for _, target := range ctx.targets {
 					if value, ok := target.labels[m.Name]; ok && !m.Matches(value) {
@@ -428,6 +477,84 @@ func alertProblems(rule monitoringv1.Rule, ctx alertContext) []string {
 	return problems
 }
 
+// absentFunctions return one series when their argument has none.
+var absentFunctions = map[string]bool{"absent": true, "absent_over_time": true}
+
+// underAbsent: path (a node's ancestors) passes through absent() or
+// absent_over_time().
+func underAbsent(path []parser.Node) bool {
+	for _, node := range path {
+		if call, ok := node.(*parser.Call); ok && absentFunctions[call.Func.Name] {
+			return true
+		}
+	}
+	return false
+}
+
+// targetSetups are the scrape setups of targets, sorted.
+func targetSetups(targets []scrapedTarget) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, target := range targets {
+		if !seen[target.setup] {
+			seen[target.setup] = true
+			out = append(out, target.setup)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// selectedServices are the services whose targets of setup the selector
+// selects (every matcher but the metric name's matches the target's label,
+// "" for a label it lacks).
+func selectedServices(vs *parser.VectorSelector, targets []scrapedTarget, setup string) map[string]bool {
+	out := map[string]bool{}
+	for _, target := range targets {
+		if target.setup != setup {
+			continue
+		}
+		selected := true
+		for _, m := range vs.LabelMatchers {
+			if m.Name != labels.MetricName && !m.Matches(target.labels[m.Name]) {
+				selected = false
+			}
+		}
+		if selected {
+			out[target.labels["service"]] = true
+		}
+	}
+	return out
+}
+
+// absentLabels are the labels of absent()'s one series: those its argument,
+// a selector, matches with `=` (each once); none for any other argument.
+func absentLabels(arg parser.Expr) map[string]bool {
+	var vs *parser.VectorSelector
+	switch a := arg.(type) {
+	case *parser.VectorSelector:
+		vs = a
+	case *parser.MatrixSelector:
+		vs, _ = a.VectorSelector.(*parser.VectorSelector)
+	}
+	out := map[string]bool{}
+	if vs == nil {
+		return out
+	}
+	count := map[string]int{}
+	for _, m := range vs.LabelMatchers {
+		if m.Name != labels.MetricName && m.Type == labels.MatchEqual {
+			count[m.Name]++
+		}
+	}
+	for l, n := range count {
+		if n == 1 {
+			out[l] = true
+		}
+	}
+	return out
+}
+
 // outputLabels are the labels an expression's result may carry.
 func outputLabels(expr parser.Expr, labelsOf func(string) ([]string, bool, bool), allowed map[string]bool) map[string]bool {
 	switch n := expr.(type) {
@@ -454,6 +581,9 @@ func outputLabels(expr parser.Expr, labelsOf func(string) ([]string, bool, bool)
 	case *parser.UnaryExpr:
 		return outputLabels(n.Expr, labelsOf, allowed)
 	case *parser.Call:
+		if absentFunctions[n.Func.Name] && len(n.Args) == 1 {
+			return absentLabels(n.Args[0])
+		}
 		for _, arg := range n.Args {
 			if t := arg.Type(); t == parser.ValueTypeVector || t == parser.ValueTypeMatrix {
 				return outputLabels(arg, labelsOf, allowed)
@@ -546,6 +676,54 @@ func TestAlertsUseDocumentedMetricsAndLabels(t *testing.T) {
 	}
 }
 
+// Every service has an alert on the absence of its targets: absent() of
+// an `up` selector that selects that service's targets, and only its, in
+// each scrape setup. Without one, a service whose pods are all Pending
+// without an IP, or whose StatefulSet has no pods, alerts nowhere (no
+// `up` series for StreamsServiceDown).
+func TestEveryServiceHasAnAbsenceAlert(t *testing.T) {
+	targets := scrapedTargets(t)
+	covered := map[string][]string{} // service -> alerts
+	for _, group := range prometheusRule(t).Spec.Groups {
+		for _, rule := range group.Rules {
+			if rule.Alert == "" {
+				continue
+			}
+			expr, err := parser.ParseExpr(rule.Expr.String())
+			if err != nil {
+				continue // reported by TestAlertsUseDocumentedMetricsAndLabels
+			}
+			parser.Inspect(expr, func(node parser.Node, path []parser.Node) error {
+				vs, ok := node.(*parser.VectorSelector)
+				if !ok || vs.Name != "up" || !underAbsent(path) {
+					return nil
+				}
+				var service string
+				for i, setup := range targetSetups(targets) {
+					selected := selectedServices(vs, targets, setup)
+					if len(selected) != 1 {
+						return nil // several services or none: not one service's absence
+					}
+					for s := range selected {
+						if i > 0 && s != service {
+							return nil
+						}
+						service = s
+					}
+				}
+				covered[service] = append(covered[service], rule.Alert)
+				return nil
+			})
+		}
+	}
+	for _, service := range serviceNames(t) {
+		if len(covered[service]) == 0 {
+			t.Errorf("%s: no alert on absent(up{job=..., service=%q}): if every pod of %s is Pending without an IP, or it has no pods, nothing fires",
+				rulesFile, service, service)
+		}
+	}
+}
+
 // The ServiceMonitor's targets and prometheus-scrape.yaml's carry the same
 // job, so that the alerts select either.
 func TestBothScrapeSetupsGiveOneJob(t *testing.T) {
@@ -590,6 +768,16 @@ func TestAlertChecksRejectBrokenRules(t *testing.T) {
 		},
 		`matches on "topic"`: func(r *monitoringv1.Rule) {
 			r.Expr = intstr.FromString(`sum by (namespace, pod, topic) (increase(streams_records_dead_lettered_total[5m])) > 0 and on (pod, topic) streams_ready == 1`)
+		},
+		"selects no target of the ServiceMonitor": func(r *monitoringv1.Rule) {
+			r.Expr = intstr.FromString(`absent(up{job="streams-services", service="sessionizr"})`)
+			r.Annotations = map[string]string{"summary": "{{ $labels.service }}", "description": "{{ $labels.job }}",
+				"runbook": "docs/alerts.md#streamsdeadletters"}
+		},
+		"uses $labels.namespace": func(r *monitoringv1.Rule) {
+			r.Expr = intstr.FromString(`absent(up{job="streams-services", service="sessionizer"})`)
+			r.Annotations = map[string]string{"summary": "{{ $labels.service }}", "description": "{{ $labels.namespace }}",
+				"runbook": "docs/alerts.md#streamsdeadletters"}
 		},
 		"runbook":  func(r *monitoringv1.Rule) { r.Annotations["runbook"] = "docs/operations.md#streamsdeadletters" },
 		"severity": func(r *monitoringv1.Rule) { r.Labels["severity"] = "page" },

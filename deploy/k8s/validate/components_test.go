@@ -13,9 +13,10 @@ import (
 )
 
 // loginComponents are the Kafka logins that no overlay uses yet
-// (components/kafka-sasl is prod's): mutual TLS and SASL/OAUTHBEARER with
-// OIDC. Each is rendered here onto the base, as an overlay that uses it would
-// be, and goes through the overlays' checks and its own.
+// (components/kafka-sasl is prod's, checked with it in TestOverlayDifferences):
+// mutual TLS and SASL/OAUTHBEARER with OIDC. Each is rendered here onto the
+// base, as an overlay that uses it would be, and goes through the overlays'
+// checks and its own.
 var loginComponents = []string{"kafka-mtls", "kafka-oidc"}
 
 // renderedComponents are the components that no overlay uses, rendered
@@ -27,12 +28,129 @@ var renderedComponents = append(append([]string{}, loginComponents...), "queries
 // list in step with services/.
 var loginServices = []string{"embed-batcher", "order-shipment-joiner", "sensor-fusion", "sessionizer", "window-aggregator"}
 
+// kafkaCredentialsSuffix: components/kafka-sasl mounts the Secret
+// <service>-kafka-credentials into each service's pods.
+const kafkaCredentialsSuffix = "-kafka-credentials"
+
 func init() {
-	// Created outside git, one per service (README.md "Deploying on Kubernetes").
+	// Created outside git, one per service and login (README.md "Deploying
+	// on Kubernetes").
 	for _, service := range loginServices {
-		externalSecrets[service+"-kafka-oidc"] = true
+		for _, suffix := range []string{kafkaCredentialsSuffix, "-kafka-tls", "-kafka-oidc"} {
+			externalSecrets[service+suffix] = true
+		}
 	}
 	externalSecrets["streams-query-token"] = true
+}
+
+// podSecrets are the Secrets a pod template names: volumes (projected ones
+// too), and its containers' secretKeyRef and envFrom.
+func podSecrets(pod corev1.PodSpec) map[string]bool {
+	out := map[string]bool{}
+	for _, v := range pod.Volumes {
+		if v.Secret != nil {
+			out[v.Secret.SecretName] = true
+		}
+		if v.Projected != nil {
+			for _, source := range v.Projected.Sources {
+				if source.Secret != nil {
+					out[source.Secret.Name] = true
+				}
+			}
+		}
+	}
+	for _, c := range append(append([]corev1.Container{}, pod.InitContainers...), pod.Containers...) {
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				out[e.ValueFrom.SecretKeyRef.Name] = true
+			}
+		}
+		for _, from := range c.EnvFrom {
+			if from.SecretRef != nil {
+				out[from.SecretRef.Name] = true
+			}
+		}
+	}
+	return out
+}
+
+// ownSecretProblems: one Kafka principal per service. Every Secret whose
+// name ends with suffix that a StatefulSet's pods name is the service's own,
+// <service><suffix>, and no such Secret is named by two StatefulSets.
+func ownSecretProblems(r *Rendered, suffix string) []string {
+	var problems []string
+	users := map[string][]string{} // Secret -> the StatefulSets naming it
+	for _, sts := range r.StatefulSets {
+		own := sts.Name + suffix
+		found := false
+		for name := range podSecrets(sts.Spec.Template.Spec) {
+			if !strings.HasSuffix(name, suffix) {
+				continue
+			}
+			users[name] = append(users[name], sts.Name)
+			if name == own {
+				found = true
+			} else {
+				problems = append(problems, fmt.Sprintf("%s names the Secret %s; want only its own %s", sts.Name, name, own))
+			}
+		}
+		if !found {
+			problems = append(problems, fmt.Sprintf("%s does not name its own Secret %s", sts.Name, own))
+		}
+	}
+	var shared []string
+	for name, stss := range users {
+		if len(stss) > 1 {
+			sort.Strings(stss)
+			shared = append(shared, fmt.Sprintf("the Secret %s is shared by %s: one Kafka principal for several services", name, strings.Join(stss, ", ")))
+		}
+	}
+	sort.Strings(shared)
+	return append(problems, shared...)
+}
+
+// kafkaCredentialsProblems checks one StatefulSet of components/kafka-sasl:
+// KAFKA_CONFIG_FILE is the key client.properties of the service's own
+// Secret <service>-kafka-credentials, mounted read-only, with a mode
+// readable by owner and group only.
+func kafkaCredentialsProblems(sts *appsv1.StatefulSet) []string {
+	pod := sts.Spec.Template.Spec
+	c := pod.Containers[0]
+	own := sts.Name + kafkaCredentialsSuffix
+	configFile := ""
+	for _, e := range c.Env {
+		if e.Name == "KAFKA_CONFIG_FILE" {
+			configFile = e.Value
+		}
+	}
+	if configFile == "" {
+		return []string{"KAFKA_CONFIG_FILE is not set (as a literal value)"}
+	}
+	for _, v := range pod.Volumes {
+		if v.Secret == nil {
+			continue
+		}
+		for _, m := range c.VolumeMounts {
+			if m.Name != v.Name || !strings.HasPrefix(configFile, m.MountPath+"/") {
+				continue
+			}
+			var problems []string
+			if v.Secret.SecretName != own {
+				problems = append(problems, fmt.Sprintf("KAFKA_CONFIG_FILE %q is a file of the Secret %s; want the service's own %s", configFile, v.Secret.SecretName, own))
+			}
+			if configFile != m.MountPath+"/client.properties" {
+				problems = append(problems, fmt.Sprintf("KAFKA_CONFIG_FILE %q is not the key client.properties of the Secret mounted at %s", configFile, m.MountPath))
+			}
+			if !m.ReadOnly {
+				problems = append(problems, fmt.Sprintf("mount %s is not read-only", m.MountPath))
+			}
+			if mode := v.Secret.DefaultMode; mode == nil || *mode&0o007 != 0 || *mode&0o222 != 0 {
+				problems = append(problems, fmt.Sprintf("Secret volume %s mode %v: want readable by owner and group only, not writable", v.Name, mode))
+			}
+			return problems
+		}
+	}
+	return []string{fmt.Sprintf("KAFKA_CONFIG_FILE (%q) is not a file of a mounted Secret; want the key client.properties of %s", configFile, own)}
 }
 
 // renderComponent builds base + components/<component> through a
@@ -176,6 +294,9 @@ func checkLoginBasics(t *testing.T, r *Rendered, sts *appsv1.StatefulSet, props 
 
 func TestKafkaMTLSComponent(t *testing.T) {
 	r := renderComponent(t, "kafka-mtls")
+	for _, p := range ownSecretProblems(r, "-kafka-tls") {
+		t.Error(p)
+	}
 	for _, sts := range r.StatefulSets {
 		t.Run(sts.Name, func(t *testing.T) {
 			pod := sts.Spec.Template.Spec
@@ -206,6 +327,9 @@ func TestKafkaMTLSComponent(t *testing.T) {
 
 func TestKafkaOIDCComponent(t *testing.T) {
 	r := renderComponent(t, "kafka-oidc")
+	for _, p := range ownSecretProblems(r, "-kafka-oidc") {
+		t.Error(p)
+	}
 	for _, sts := range r.StatefulSets {
 		t.Run(sts.Name, func(t *testing.T) {
 			c := sts.Spec.Template.Spec.Containers[0]
@@ -286,6 +410,62 @@ func checkProps(t *testing.T, props map[string]EnvVar, want map[string]string) {
 	for _, key := range keys {
 		if got, ok := props[key]; !ok || got.Value != want[key] {
 			t.Errorf("%s = %q (%s); want %q", key, got.Value, got.Source, want[key])
+		}
+	}
+}
+
+// The credentials checks refuse prod's StatefulSets with one Secret for
+// all five services (one principal), and with one service mounting another's.
+func TestKafkaCredentialsChecksRejectASharedSecret(t *testing.T) {
+	prod := render(t, "prod")
+	problems := ownSecretProblems(prod, kafkaCredentialsSuffix)
+	for _, sts := range prod.StatefulSets {
+		problems = append(problems, kafkaCredentialsProblems(sts)...)
+	}
+	if len(problems) > 0 {
+		t.Fatalf("prod as rendered is refused (reported by TestOverlayDifferences): %v", problems)
+	}
+	// rename gives the credentials volume of the StatefulSets named (all
+	// when none is) the Secret `secret`, in a copy of prod.
+	rename := func(secret string, names ...string) *Rendered {
+		out := *prod
+		out.StatefulSets = nil
+		for _, sts := range prod.StatefulSets {
+			sts = sts.DeepCopy()
+			if len(names) == 0 || contains(names, sts.Name) {
+				for i, v := range sts.Spec.Template.Spec.Volumes {
+					if v.Secret != nil && strings.HasSuffix(v.Secret.SecretName, kafkaCredentialsSuffix) {
+						sts.Spec.Template.Spec.Volumes[i].Secret.SecretName = secret
+					}
+				}
+			}
+			out.StatefulSets = append(out.StatefulSets, sts)
+		}
+		return &out
+	}
+	for _, c := range []struct {
+		name string
+		r    *Rendered
+		want []string // each in some problem
+	}{
+		{"one Secret for all five", rename("streams-kafka-credentials"),
+			[]string{"want the service's own sessionizer-kafka-credentials", "the Secret streams-kafka-credentials is shared by embed-batcher, order-shipment-joiner, sensor-fusion, sessionizer, window-aggregator"}},
+		{"sessionizer mounts embed-batcher's", rename("embed-batcher-kafka-credentials", "sessionizer"),
+			[]string{"is a file of the Secret embed-batcher-kafka-credentials; want the service's own sessionizer-kafka-credentials",
+				"the Secret embed-batcher-kafka-credentials is shared by embed-batcher, sessionizer"}},
+	} {
+		var problems []string
+		for _, sts := range c.r.StatefulSets {
+			for _, p := range kafkaCredentialsProblems(sts) {
+				problems = append(problems, sts.Name+": "+p)
+			}
+		}
+		problems = append(problems, ownSecretProblems(c.r, kafkaCredentialsSuffix)...)
+		joined := strings.Join(problems, "\n")
+		for _, want := range c.want {
+			if !strings.Contains(joined, want) {
+				t.Errorf("%s: no problem containing %q; got:\n%s", c.name, want, joined)
+			}
 		}
 	}
 }

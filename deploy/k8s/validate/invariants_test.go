@@ -19,7 +19,9 @@ import (
 
 // externalSecrets are created outside git (README.md "Deploying on
 // Kubernetes"): references to them are expected to dangle in the render.
-var externalSecrets = map[string]bool{"streams-kafka-credentials": true}
+// The per-service ones (<service>-kafka-credentials, -kafka-tls,
+// -kafka-oidc) and the query token are added in components_test.go.
+var externalSecrets = map[string]bool{}
 
 // EnvVar is one variable of a container as Kubernetes would set it.
 type EnvVar struct {
@@ -214,6 +216,13 @@ func checkStatefulSet(t *testing.T, r *Rendered, sts *appsv1.StatefulSet, docker
 	env, problems := containerEnv(t, r, c)
 	for _, p := range problems {
 		t.Error(p)
+	}
+	// Secret volumes: like secretKeyRef, a rendered, optional or documented
+	// external Secret (a misspelt name leaves the pod ContainerCreating).
+	for _, v := range pod.Volumes {
+		if s := v.Secret; s != nil && r.secret(s.SecretName) == nil && !externalSecrets[s.SecretName] && (s.Optional == nil || !*s.Optional) {
+			t.Errorf("volume %s: Secret %q is neither rendered, nor optional, nor a documented external Secret", v.Name, s.SecretName)
+		}
 	}
 
 	// $(VAR) in command and args: Kubernetes leaves an undefined one as is,
@@ -434,26 +443,14 @@ func TestOverlayDifferences(t *testing.T) {
 		if args := strings.Join(container.Args, " "); strings.Contains(args, "sasl.") {
 			t.Errorf("prod %s: SASL settings in args: %s", sts.Name, args)
 		}
-		configFile := ""
-		for _, env := range container.Env {
-			if env.Name == "KAFKA_CONFIG_FILE" {
-				configFile = env.Value
-			}
+		for _, p := range kafkaCredentialsProblems(sts) {
+			t.Errorf("prod %s: %s", sts.Name, p)
 		}
-		mounted := false
-		for _, volume := range sts.Spec.Template.Spec.Volumes {
-			if volume.Secret == nil || volume.Secret.SecretName != "streams-kafka-credentials" {
-				continue
-			}
-			for _, mount := range container.VolumeMounts {
-				if mount.Name == volume.Name && configFile != "" && strings.HasPrefix(configFile, mount.MountPath+"/") {
-					mounted = true
-				}
-			}
-		}
-		if !mounted {
-			t.Errorf("prod %s: KAFKA_CONFIG_FILE (%q) is not a file of the mounted Secret streams-kafka-credentials", sts.Name, configFile)
-		}
+	}
+	// One Kafka principal per service: no pod mounts another service's
+	// credentials, no two share one Secret.
+	for _, p := range ownSecretProblems(prod, kafkaCredentialsSuffix) {
+		t.Errorf("prod: %s", p)
 	}
 	if len(prod.Monitors) == 0 {
 		t.Error("prod: no ServiceMonitor")
