@@ -135,13 +135,18 @@ pub enum ThreadState {
     /// Some task it is assigned is still being opened; the open ones
     /// process meanwhile.
     Restoring,
+    /// A processing thread of the process failed: every thread stops and
+    /// the process exits non-zero (set for all of them, see
+    /// [`Metrics::set_failed`]).
+    Error,
 }
 
 impl ThreadState {
-    const ALL: [ThreadState; 3] = [
+    const ALL: [ThreadState; 4] = [
         ThreadState::Running,
         ThreadState::Rebalancing,
         ThreadState::Restoring,
+        ThreadState::Error,
     ];
 
     fn label(self) -> &'static str {
@@ -149,6 +154,7 @@ impl ThreadState {
             ThreadState::Running => "running",
             ThreadState::Rebalancing => "rebalancing",
             ThreadState::Restoring => "restoring",
+            ThreadState::Error => "error",
         }
     }
 
@@ -538,6 +544,17 @@ impl Metrics {
                 merged.gauges.insert(relabel(series), *value);
             }
         }
+        if self.has_failed() {
+            let error = ThreadState::Error.label();
+            for ((name, labels), value) in merged.gauges.iter_mut() {
+                if *name == THREAD_STATE {
+                    let is_error = labels
+                        .iter()
+                        .any(|(key, state)| *key == "state" && state == error);
+                    *value = f64::from(u8::from(is_error));
+                }
+            }
+        }
         merged
     }
 
@@ -763,6 +780,27 @@ mod tests {
         assert_eq!(metrics.unhealthy(), None);
         metrics.set_failed();
         assert_eq!(metrics.unhealthy().as_deref(), Some("failed"));
+    }
+
+    #[test]
+    fn a_failed_process_shows_every_thread_in_error() {
+        let metrics = Arc::new(Metrics::default());
+        let threads: Vec<StageMetrics> = (0..2)
+            .map(|thread| metrics.add_thread(None, Some(thread)))
+            .collect();
+        for thread in &threads {
+            let mut snapshot = Snapshot::default();
+            ThreadState::Running.export(&mut snapshot);
+            thread.publish(snapshot);
+        }
+        let state = |metrics: &Metrics, state: &str| {
+            metrics.snapshot().gauge(THREAD_STATE, &[("state", state)])
+        };
+        assert_eq!(state(&metrics, "running"), 2.0);
+        assert_eq!(state(&metrics, "error"), 0.0);
+        metrics.set_failed();
+        assert_eq!(state(&metrics, "running"), 0.0);
+        assert_eq!(state(&metrics, "error"), 2.0);
     }
 
     #[test]
