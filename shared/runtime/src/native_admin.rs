@@ -12,15 +12,13 @@
 //! (Kafka 2.8 on) tell a topic from one deleted and created again under
 //! its name, which metadata otherwise cannot.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, CStr, CString};
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
 use rdkafka::types::RDKafkaRespErr;
-
-use crate::standby::placement::decode_assignment;
 
 /// A member of a consumer group.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +36,9 @@ pub(crate) struct GroupDescription {
     /// Whether the group is stable (not rebalancing, not empty or dead).
     pub stable: bool,
     pub members: Vec<GroupMember>,
+    /// Whether some member's assignment could not be decoded (it is empty
+    /// in `members`): not the consumer protocol's.
+    pub undecoded: bool,
 }
 
 /// The members of each of `groups` (none for a group that does not exist),
@@ -76,23 +77,30 @@ pub(crate) fn describe_classic_groups<C: ClientContext>(
         // A group that does not exist is listed as dead, with no members.
         let description = match list.groups().iter().find(|found| found.name() == group) {
             None => GroupDescription::default(),
-            Some(found) => GroupDescription {
-                stable: found.state() == "Stable",
-                members: (found.members().iter())
-                    .map(|member| GroupMember {
-                        member_id: member.id().to_string(),
-                        client_id: member.client_id().to_string(),
-                        host: member.client_host().to_string(),
-                        assignment: (member.assignment().and_then(decode_assignment))
-                            .into_iter()
-                            .flatten()
-                            .flat_map(|(topic, partitions)| {
-                                partitions.into_iter().map(move |p| (topic.clone(), p))
-                            })
-                            .collect(),
+            Some(found) => {
+                let mut undecoded = false;
+                let members = (found.members().iter())
+                    .map(|member| {
+                        let decoded = decode_assignment(member.assignment().unwrap_or_default());
+                        undecoded |= decoded.is_none();
+                        GroupMember {
+                            member_id: member.id().to_string(),
+                            client_id: member.client_id().to_string(),
+                            host: member.client_host().to_string(),
+                            assignment: (decoded.into_iter().flatten())
+                                .flat_map(|(topic, partitions)| {
+                                    partitions.into_iter().map(move |p| (topic.clone(), p))
+                                })
+                                .collect(),
+                        }
                     })
-                    .collect(),
-            },
+                    .collect();
+                GroupDescription {
+                    stable: found.state() == "Stable",
+                    members,
+                    undecoded,
+                }
+            }
         };
         described.insert(group.to_string(), description);
     }
@@ -180,11 +188,57 @@ pub(crate) fn describe_groups<C: ClientContext>(
                 GroupDescription {
                     stable,
                     members: found,
+                    undecoded: false,
                 },
             );
         }
     }
     Ok(members)
+}
+
+/// The topics and partitions of a member's assignment, decoded from the
+/// consumer protocol's `Assignment` (version, then an array of topics, each
+/// with an array of partitions; user data after that is ignored). `None`
+/// when the bytes are not such an assignment.
+fn decode_assignment(bytes: &[u8]) -> Option<BTreeMap<String, Vec<i32>>> {
+    let mut reader = Reader { bytes };
+    let _version = reader.i16()?;
+    let topics = reader.i32()?;
+    let mut assignment = BTreeMap::new();
+    for _ in 0..topics.max(0) {
+        let length = usize::try_from(reader.i16()?).ok()?;
+        let topic = String::from_utf8(reader.take(length)?.to_vec()).ok()?;
+        let count = reader.i32()?;
+        let partitions = (0..count.max(0))
+            .map(|_| reader.i32())
+            .collect::<Option<Vec<i32>>>()?;
+        assignment.insert(topic, partitions);
+    }
+    Some(assignment)
+}
+
+/// Big-endian reads off the front of a byte slice.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, count: usize) -> Option<&'a [u8]> {
+        if self.bytes.len() < count {
+            return None;
+        }
+        let (taken, rest) = self.bytes.split_at(count);
+        self.bytes = rest;
+        Some(taken)
+    }
+
+    fn i16(&mut self) -> Option<i16> {
+        Some(i16::from_be_bytes(self.take(2)?.try_into().ok()?))
+    }
+
+    fn i32(&mut self) -> Option<i32> {
+        Some(i32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
 }
 
 /// The id of each of `topics` that exists, as 32 hex digits, by topic
@@ -357,5 +411,29 @@ fn request<C: ClientContext>(
             );
         }
         Ok(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_a_consumer_protocol_assignment_and_refuses_truncated_bytes() {
+        let mut bytes = vec![0, 1]; // version 1
+        bytes.extend(2i32.to_be_bytes());
+        for (topic, partitions) in [("orders", vec![0i32, 3]), ("shipments", vec![3])] {
+            bytes.extend((topic.len() as i16).to_be_bytes());
+            bytes.extend(topic.as_bytes());
+            bytes.extend((partitions.len() as i32).to_be_bytes());
+            for partition in partitions {
+                bytes.extend(partition.to_be_bytes());
+            }
+        }
+        bytes.extend((-1i32).to_be_bytes()); // no user data
+        let decoded = decode_assignment(&bytes).unwrap();
+        assert_eq!(decoded["orders"], [0, 3]);
+        assert_eq!(decoded["shipments"], [3]);
+        assert_eq!(decode_assignment(&bytes[..bytes.len() - 9]), None);
     }
 }

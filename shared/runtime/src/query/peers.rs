@@ -273,7 +273,15 @@ mod tests {
             endpoints: [("app/a", "http://a:1"), ("app/b", "http://b:1")]
                 .map(|(key, url)| (key.to_string(), url.to_string()))
                 .into(),
-            groups: [("app".to_string(), GroupDescription { stable, members })].into(),
+            groups: [(
+                "app".to_string(),
+                GroupDescription {
+                    stable,
+                    members,
+                    undecoded: false,
+                },
+            )]
+            .into(),
         }
     }
 

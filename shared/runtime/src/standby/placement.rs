@@ -15,7 +15,7 @@
 //! Members of one process (its processing threads) leave together: the rule
 //! removes an instance with all its members.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// A member of a stage's consumer group, as the placement sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,51 +74,6 @@ fn range_index(partition: usize, partitions: usize, members: usize) -> usize {
         partition / (per_member + 1)
     } else {
         with_extra + (partition - boundary) / per_member.max(1)
-    }
-}
-
-/// The topics and partitions of a member's assignment, decoded from the
-/// consumer protocol's `Assignment` (version, then an array of topics, each
-/// with an array of partitions; user data after that is ignored). `None`
-/// when the bytes are not such an assignment.
-pub(crate) fn decode_assignment(bytes: &[u8]) -> Option<BTreeMap<String, Vec<i32>>> {
-    let mut reader = Reader { bytes };
-    let _version = reader.i16()?;
-    let topics = reader.i32()?;
-    let mut assignment = BTreeMap::new();
-    for _ in 0..topics.max(0) {
-        let length = usize::try_from(reader.i16()?).ok()?;
-        let topic = String::from_utf8(reader.take(length)?.to_vec()).ok()?;
-        let count = reader.i32()?;
-        let partitions = (0..count.max(0))
-            .map(|_| reader.i32())
-            .collect::<Option<Vec<i32>>>()?;
-        assignment.insert(topic, partitions);
-    }
-    Some(assignment)
-}
-
-/// Big-endian reads off the front of a byte slice.
-struct Reader<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, count: usize) -> Option<&'a [u8]> {
-        if self.bytes.len() < count {
-            return None;
-        }
-        let (taken, rest) = self.bytes.split_at(count);
-        self.bytes = rest;
-        Some(taken)
-    }
-
-    fn i16(&mut self) -> Option<i16> {
-        Some(i16::from_be_bytes(self.take(2)?.try_into().ok()?))
-    }
-
-    fn i32(&mut self) -> Option<i32> {
-        Some(i32::from_be_bytes(self.take(4)?.try_into().ok()?))
     }
 }
 
@@ -226,24 +181,5 @@ mod tests {
             standby_tasks(&[member("a", "a", &[0, 1])], "a", 2, 1),
             BTreeSet::new()
         );
-    }
-
-    #[test]
-    fn decodes_a_consumer_protocol_assignment_and_refuses_truncated_bytes() {
-        let mut bytes = vec![0, 1]; // version 1
-        bytes.extend(2i32.to_be_bytes());
-        for (topic, partitions) in [("orders", vec![0i32, 3]), ("shipments", vec![3])] {
-            bytes.extend((topic.len() as i16).to_be_bytes());
-            bytes.extend(topic.as_bytes());
-            bytes.extend((partitions.len() as i32).to_be_bytes());
-            for partition in partitions {
-                bytes.extend(partition.to_be_bytes());
-            }
-        }
-        bytes.extend((-1i32).to_be_bytes()); // no user data
-        let decoded = decode_assignment(&bytes).unwrap();
-        assert_eq!(decoded["orders"], [0, 3]);
-        assert_eq!(decoded["shipments"], [3]);
-        assert_eq!(decode_assignment(&bytes[..bytes.len() - 9]), None);
     }
 }

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
-use super::placement::{decode_assignment, Member};
+use super::placement::Member;
 use super::REFRESH;
 use crate::client::brokers::rebootstrap_if_cut_off;
 use crate::client::kafka::{member_id, parse_client_id};
+use crate::native_admin::describe_classic_groups;
 
 /// How long one round trip of the watcher may take.
 const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -106,48 +107,40 @@ impl GroupWatcher {
     }
 
     /// The group's members with their tasks, or `None` while the group is
-    /// rebalancing or cannot be described.
+    /// rebalancing or cannot be described (an assignment that is not the
+    /// consumer protocol's included).
     fn members(&self) -> Option<Vec<Member>> {
-        let list = match self
-            .client
-            .fetch_group_list(Some(&self.group), ROUND_TRIP_TIMEOUT)
-        {
-            Ok(list) => list,
-            Err(error) => {
-                tracing::warn!(%error, "standby: cannot describe the consumer group");
-                return None;
-            }
-        };
-        let group = list.groups().first()?;
-        if group.state() != "Stable" {
+        let mut described =
+            match describe_classic_groups(self.client.client(), &[&self.group], ROUND_TRIP_TIMEOUT)
+            {
+                Ok(described) => described,
+                Err(error) => {
+                    tracing::warn!("standby: {error:#}");
+                    return None;
+                }
+            };
+        let group = described.remove(&self.group)?;
+        if !group.stable || group.undecoded {
             return None;
         }
-        group
-            .members()
-            .iter()
-            .map(|member| {
-                let assignment = decode_assignment(member.assignment().unwrap_or_default())?;
-                let tasks = self
-                    .task_topics
-                    .iter()
-                    .filter_map(|topic| assignment.get(topic))
-                    .flatten()
-                    .copied()
-                    .collect();
-                let (instance, order) = match parse_client_id(member.client_id()) {
-                    Some((instance, thread)) if self.static_members => {
-                        let order = member_id(instance, thread);
-                        (instance.to_string(), order)
-                    }
-                    Some((instance, _)) => (instance.to_string(), member.id().to_string()),
-                    None => (member.client_id().to_string(), member.id().to_string()),
-                };
-                Some(Member {
-                    order,
-                    instance,
-                    tasks,
-                })
-            })
-            .collect()
+        let members = group.members.into_iter().map(|member| {
+            let tasks = (member.assignment.iter())
+                .filter(|(topic, _)| self.task_topics.contains(topic))
+                .map(|(_, partition)| *partition)
+                .collect();
+            let (instance, order) = match parse_client_id(&member.client_id) {
+                Some((instance, thread)) if self.static_members => {
+                    (instance.to_string(), member_id(instance, thread))
+                }
+                Some((instance, _)) => (instance.to_string(), member.member_id.clone()),
+                None => (member.client_id.clone(), member.member_id.clone()),
+            };
+            Member {
+                order,
+                instance,
+                tasks,
+            }
+        });
+        Some(members.collect())
     }
 }

@@ -227,13 +227,6 @@ impl TestDriver {
         self.pipe_raw(topic, partition, key.map(str::as_bytes), Some(&bytes))
     }
 
-    /// Pipes a fixture line, `{"key": ..., "value": {...}}`, to `topic`.
-    pub fn pipe_line(&mut self, topic: &str, line: &str) -> anyhow::Result<()> {
-        let json: serde_json::Value = serde_json::from_str(line)?;
-        let key = json["key"].as_str().map(str::to_string);
-        self.pipe(topic, key.as_deref(), json["value"].clone())
-    }
-
     /// Pipes a record of raw bytes (not necessarily valid) to `partition` of `topic`.
     pub fn pipe_raw(
         &mut self,
