@@ -12,8 +12,9 @@ pub enum EmbedderKind {
     /// A sentence-transformers BERT model (all-MiniLM-L6-v2) run in-process
     /// on the CPU, from the files in `--model-dir`.
     Local,
-    /// Feature hashing: deterministic and needs no files, but carries no
-    /// meaning (only shared words and spellings bring texts close).
+    /// A test stand-in, not for production: feature hashing, deterministic
+    /// and needing no files, but carrying no meaning (only shared words and
+    /// spellings bring texts close).
     Hashing,
     /// An OpenAI-compatible `POST {url}/v1/embeddings` endpoint (OpenAI,
     /// Ollama, vLLM, TEI).
