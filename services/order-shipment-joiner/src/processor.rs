@@ -261,12 +261,14 @@ impl Processor for IntervalJoin {
         }
     }
 
+    const DERIVE_TIMERS: Option<DeriveTimers<Self>> = Some(Self::derive_timers);
+}
+
+impl IntervalJoin {
     /// A side's expiry timer of an order id is always the expiry of its
     /// earliest buffered record (buffering moves it earlier, expiring
     /// re-arms it for the earliest left, and an empty side is deleted), so
     /// the timers follow from the buffers and none is written to a changelog.
-    const TIMERS_FROM_STATE: bool = true;
-
     fn derive_timers(
         &self,
         state: &StateView<'_>,

@@ -227,12 +227,26 @@ impl Processor for SensorFusion {
         Ok(())
     }
 
+    const DERIVE_TIMERS: Option<DeriveTimers<Self>> = Some(Self::derive_timers);
+
+    /// Watermark mode: late when the reading's window has already ended.
+    /// Rollover mode has no lateness check.
+    fn is_late(&self, event_time: i64, watermark: i64) -> bool {
+        match self.emit {
+            EmitMode::Watermark => {
+                watermark != streams_runtime::NO_WATERMARK
+                    && tumbling_start(event_time, self.interval) + self.interval <= watermark
+            }
+            EmitMode::Rollover => false,
+        }
+    }
+}
+
+impl SensorFusion {
     /// Watermark mode: every buffered window has its end timer, and the
     /// timer's firing emits and removes the window, so the timers follow
     /// from the buffered windows and none is written to a changelog.
     /// Rollover mode sets no timers.
-    const TIMERS_FROM_STATE: bool = true;
-
     fn derive_timers(
         &self,
         state: &StateView<'_>,
@@ -249,17 +263,5 @@ impl Processor for SensorFusion {
             );
             Ok(())
         })
-    }
-
-    /// Watermark mode: late when the reading's window has already ended.
-    /// Rollover mode has no lateness check.
-    fn is_late(&self, event_time: i64, watermark: i64) -> bool {
-        match self.emit {
-            EmitMode::Watermark => {
-                watermark != streams_runtime::NO_WATERMARK
-                    && tumbling_start(event_time, self.interval) + self.interval <= watermark
-            }
-            EmitMode::Rollover => false,
-        }
     }
 }

@@ -149,12 +149,14 @@ impl Processor for Sessionizer {
         Ok(())
     }
 
+    const DERIVE_TIMERS: Option<DeriveTimers<Self>> = Some(Self::derive_timers);
+}
+
+impl Sessionizer {
     /// Every open session has its inactivity timer at its latest event plus
     /// the timeout, and a session ends (and is deleted) when it fires: the
     /// timers are a function of the sessions, so none is written to a
     /// changelog.
-    const TIMERS_FROM_STATE: bool = true;
-
     fn derive_timers(
         &self,
         state: &StateView<'_>,

@@ -147,20 +147,24 @@ impl Processor for PartialAggregator {
         })
     }
 
-    const TIMERS_FROM_STATE: bool = true;
+    const DERIVE_TIMERS: Option<DeriveTimers<Self>> = Some(Self::derive_timers);
 
+    /// Late when every window containing the order has ended by the watermark.
+    fn is_late(&self, event_time: i64, watermark: i64) -> bool {
+        let last_end = tumbling_start(event_time, self.shape.advance) + self.shape.size;
+        watermark != NO_WATERMARK && last_end <= watermark
+    }
+}
+
+impl PartialAggregator {
+    /// Every pending timer, from committed state (see
+    /// [`Processor::DERIVE_TIMERS`]).
     fn derive_timers(
         &self,
         state: &StateView<'_>,
         timers: &mut DerivedTimers<'_, Self>,
     ) -> anyhow::Result<()> {
         self.windows.derive_timers(state, timers)
-    }
-
-    /// Late when every window containing the order has ended by the watermark.
-    fn is_late(&self, event_time: i64, watermark: i64) -> bool {
-        let last_end = tumbling_start(event_time, self.shape.advance) + self.shape.size;
-        watermark != NO_WATERMARK && last_end <= watermark
     }
 }
 
@@ -203,8 +207,12 @@ impl Processor for FinalAggregator {
         })
     }
 
-    const TIMERS_FROM_STATE: bool = true;
+    const DERIVE_TIMERS: Option<DeriveTimers<Self>> = Some(Self::derive_timers);
+}
 
+impl FinalAggregator {
+    /// Every pending timer, from committed state (see
+    /// [`Processor::DERIVE_TIMERS`]).
     fn derive_timers(
         &self,
         state: &StateView<'_>,

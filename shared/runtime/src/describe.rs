@@ -274,7 +274,7 @@ pub(crate) fn describe_stage<P: Processor>(
         sink,
         stores,
         timers: <P::Timers as TimerName>::NAMES.to_vec(),
-        timers_from_state: P::TIMERS_FROM_STATE,
+        timers_from_state: P::DERIVE_TIMERS.is_some(),
         transactional_id,
     })
 }

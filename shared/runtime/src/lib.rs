@@ -105,8 +105,8 @@ pub use config::RuntimeArgs;
 pub use duration::HumanDuration;
 pub use partitioner::murmur2_partition;
 pub use processor::{
-    Completion, Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record,
-    StateView, StoreSpec, Timer, TimerName, ValueState,
+    Completion, Context, CounterName, DeriveTimers, DerivedTimers, MapState, NoTimers, Processor,
+    Record, StateView, StoreSpec, Timer, TimerName, ValueState,
 };
 pub use state::codec::MapKey;
 pub use time::NO_WATERMARK;
@@ -116,8 +116,8 @@ pub use topology::{InputStream, StageLink, Topology};
 /// What a service's processor and topology code imports.
 pub mod prelude {
     pub use crate::processor::{
-        Completion, Context, CounterName, DerivedTimers, MapState, NoTimers, Processor, Record,
-        StateView, StoreSpec, Timer, TimerName, ValueState,
+        Completion, Context, CounterName, DeriveTimers, DerivedTimers, MapState, NoTimers,
+        Processor, Record, StateView, StoreSpec, Timer, TimerName, ValueState,
     };
     pub use crate::time::NO_WATERMARK;
     pub use crate::timers::TimeDomain;

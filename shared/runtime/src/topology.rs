@@ -230,7 +230,7 @@ pub(crate) fn all_stores<P: Processor>() -> anyhow::Result<Vec<String>> {
             "store name '{name}' is reserved by the runtime"
         );
     }
-    let timers = (!P::TIMERS_FROM_STATE).then_some(TIMER_STORE);
+    let timers = P::DERIVE_TIMERS.is_none().then_some(TIMER_STORE);
     Ok(P::STORES
         .iter()
         .map(|store| store.name)

@@ -68,28 +68,23 @@ pub trait Processor: Clone + Send + 'static {
         watermark != NO_WATERMARK && event_time < watermark
     }
 
-    /// Whether this processor's pending timers follow from its state, so
-    /// that [`derive_timers`](Self::derive_timers) can set them all again.
-    /// If so, the runtime keeps timers in memory only: a `set_timer` writes
-    /// nothing to a store or a changelog, and a task that opens derives
-    /// its timers from its committed state instead of loading them.
+    /// How a task's pending timers come back when it opens. `None` (the
+    /// default): every `set_timer` is written to a timer store and its
+    /// changelog, and loaded from there. `Some(derive)`: this processor's
+    /// pending timers follow from its state, so the runtime keeps them in
+    /// memory only (a `set_timer` writes nothing to a store or a
+    /// changelog), and a task that opens has `derive` set them all again
+    /// from its committed state.
     ///
     /// The contract: after every `process` and `on_timer`, the timers set
-    /// are exactly those `derive_timers` would set from the state. A timer
-    /// that has fired must leave state from which it is not derived again.
-    const TIMERS_FROM_STATE: bool = false;
-
-    /// Sets every pending timer of a task from its committed `state`;
-    /// called when the task opens, if [`TIMERS_FROM_STATE`](Self::TIMERS_FROM_STATE).
-    fn derive_timers(
-        &self,
-        state: &StateView<'_>,
-        timers: &mut DerivedTimers<'_, Self>,
-    ) -> anyhow::Result<()> {
-        let _ = (state, timers);
-        anyhow::bail!("TIMERS_FROM_STATE is set but derive_timers is not implemented")
-    }
+    /// are exactly those `derive` would set from the state. A timer that
+    /// has fired must leave state from which it is not derived again.
+    const DERIVE_TIMERS: Option<DeriveTimers<Self>> = None;
 }
+
+/// Sets every pending timer of a task from its committed state (see
+/// [`Processor::DERIVE_TIMERS`]).
+pub type DeriveTimers<P> = fn(&P, &StateView<'_>, &mut DerivedTimers<'_, P>) -> anyhow::Result<()>;
 
 /// The index of the store `name`, which the processor must have declared
 /// in its `STORES` (using an undeclared one is a programming error).

@@ -138,7 +138,7 @@ pub(crate) struct Task<P: Processor> {
     watermark: i64,
     clocks_dirty: bool,
     /// Where timers are persisted; none if the processor derives them
-    /// from state ([`Processor::TIMERS_FROM_STATE`]).
+    /// from state ([`Processor::DERIVE_TIMERS`]).
     timer_store: Option<StoreIndex>,
     progress_store: StoreIndex,
     pub counters: BTreeMap<&'static str, u64>,

@@ -65,8 +65,8 @@ impl<P: Processor> Task<P> {
         let mut timers = TaskTimers::spilling(store.timer_budget(), exact, |domain| {
             Box::new(store.timer_spill(domain))
         });
-        match self.timer_store {
-            Some(timer_store) => self.store.for_each_committed(timer_store, |key, _| {
+        match (self.timer_store, P::DERIVE_TIMERS) {
+            (Some(timer_store), _) => self.store.for_each_committed(timer_store, |key, _| {
                 let stored = TimerEntry::from_store_key(key)?;
                 let name = P::Timers::from_name(stored.name).ok_or_else(|| {
                     anyhow::anyhow!(
@@ -78,18 +78,18 @@ impl<P: Processor> Task<P> {
                 timers.set(stored.domain, stored.key, name.name(), stored.time);
                 Ok(())
             })?,
-            None => self
-                .processor
-                .derive_timers(
-                    &StateView { store: &self.store },
-                    &mut DerivedTimers {
-                        timers: &mut timers,
-                        _processor: PhantomData,
-                    },
-                )
-                .map_err(|e| {
-                    anyhow::anyhow!("task {}: deriving timers from state: {e:#}", self.partition)
-                })?,
+            (None, Some(derive)) => derive(
+                &self.processor,
+                &StateView { store: &self.store },
+                &mut DerivedTimers {
+                    timers: &mut timers,
+                    _processor: PhantomData,
+                },
+            )
+            .map_err(|e| {
+                anyhow::anyhow!("task {}: deriving timers from state: {e:#}", self.partition)
+            })?,
+            (None, None) => unreachable!("a task whose timers are not derived has a timer store"),
         }
         timers.check()?;
         self.timers = timers;
