@@ -522,3 +522,387 @@ fn reset_flags_are_checked_first() {
         );
     }
 }
+
+/// The end offset of each partition of `topic`, by partition.
+fn ends(topic: &str) -> Vec<i64> {
+    let consumer = outside(&unique("ends"));
+    partitions(&consumer, topic)
+        .into_iter()
+        .map(|partition| {
+            consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .collect()
+}
+
+/// The sessionizer run over the fixture's events and stopped: its
+/// arguments, state directory, and the offset its group committed on the
+/// input (its end).
+fn a_stopped_sessionizer(run: &SingleInputRun) -> (Vec<String>, std::path::PathBuf, i64) {
+    let events = fixture("sessionizer/user-events.jsonl");
+    produce(&run.input, "user-events", &events);
+    let arguments = run.args(&[]);
+    let service = Service::start(run.binary, &arguments);
+    let expected = fixture("sessionizer/user-sessions.expected.jsonl");
+    let first = wait_for_records(&run.output, expected.len(), Duration::from_secs(60));
+    assert_eq!(first, expected, "log:\n{}", service.log());
+    let state_dir = service.state_dir.clone();
+    assert!(service.stop().success());
+    let [Some(end)] = committed(&run.application_id, &run.input)[..] else {
+        panic!("nothing committed");
+    };
+    (arguments, state_dir, end)
+}
+
+/// The group committed offsets on the sessionizer's input; a reset given
+/// another topic as the input (which exists, and has records) is refused,
+/// dry run or not, and changes nothing: no offset on either topic, no
+/// internal topic, no local state. `--ignore-committed-topic` lets it go
+/// ahead, keeping the offsets on the topic it names; the flags the
+/// application runs with need no such thing.
+#[test]
+fn a_reset_naming_other_inputs_than_the_group_committed_is_refused() {
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
+    let (arguments, state_dir, end) = a_stopped_sessionizer(&run);
+    let description = tool_json(run.binary, "describe", &arguments);
+    let offsets_before = committed_offsets(&description);
+    let topics_before = existing_internal_topics(&description);
+    assert!(topics_before.len() > 1, "{topics_before:?}");
+    let stage_dir = state_dir.join(&run.application_id);
+    let state_before = state_entries(&stage_dir);
+    assert!(state_before.len() > 1, "{state_before:?}");
+
+    let other = unique("other-events");
+    create_topic(&other, 1);
+    produce(
+        &other,
+        "user-events",
+        &fixture("sessionizer/user-events.jsonl"),
+    );
+    let wrong = args(&[
+        "--input-topic",
+        &other,
+        "--output-topic",
+        &run.output,
+        "--application-id",
+        &run.application_id,
+    ]);
+    for options in [
+        &[][..],
+        &["--dry-run"],
+        &["--to-latest", "--wipe-local-state"],
+    ] {
+        let refused = reset(run.binary, options, &wrong, &state_dir);
+        let error = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{options:?}: {error}");
+        assert!(
+            error.starts_with(&format!(
+                "error: consumer group {} has committed offsets on {}, which the flags \
+                 given do not name as an input",
+                run.application_id, run.input
+            )) && error.contains("--ignore-committed-topic")
+                && error.trim_end().ends_with("nothing was changed"),
+            "{error}"
+        );
+        assert_eq!(error.lines().count(), 1, "{error}");
+        assert!(refused.stdout.is_empty(), "{options:?}");
+        assert_eq!(committed_offsets(&description), offsets_before);
+        assert_eq!(committed(&run.application_id, &other), [None]);
+        assert_eq!(existing_internal_topics(&description), topics_before);
+        assert_eq!(state_entries(&stage_dir), state_before);
+    }
+
+    // A misspelt input, which does not exist, is told the same way.
+    let typo = format!("{}-typo", run.input);
+    let misspelt = args(&[
+        "--input-topic",
+        &typo,
+        "--output-topic",
+        &run.output,
+        "--application-id",
+        &run.application_id,
+    ]);
+    let refused = reset(run.binary, &[], &misspelt, &state_dir);
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{error}");
+    assert!(
+        error.starts_with(&format!(
+            "error: consumer group {} has committed offsets on {}, which the flags given do \
+             not name as an input (they name {typo})",
+            run.application_id, run.input
+        )),
+        "{error}"
+    );
+    assert_eq!(committed_offsets(&description), offsets_before);
+    assert_eq!(existing_internal_topics(&description), topics_before);
+
+    let ignoring = reset_ok(
+        run.binary,
+        &["--dry-run", "--ignore-committed-topic", &run.input],
+        &wrong,
+        &state_dir,
+    );
+    assert!(
+        ignoring.contains(&format!("  {other} partition 0: none -> 0\n"))
+            && ignoring.contains(&format!(
+                "Kept: offsets of consumer group {} on {} (--ignore-committed-topic)\n",
+                run.application_id, run.input
+            )),
+        "{ignoring}"
+    );
+    assert_eq!(committed_offsets(&description), offsets_before);
+
+    let done = reset_ok(run.binary, &[], &arguments, &state_dir);
+    assert!(
+        done.contains(&format!("  {} partition 0: {end} -> 0\n", run.input)),
+        "{done}"
+    );
+    assert_eq!(committed(&run.application_id, &run.input), [Some(0)]);
+    assert_eq!(committed(&run.application_id, &other), [None]);
+}
+
+/// `--to-offset` puts every input partition at that offset, within the
+/// partition's records (as Kafka's tool does); `--from-file` puts each at
+/// the offset its line gives, within them too, and refuses, changing
+/// nothing, a file that leaves out an input partition or names a topic
+/// that is not an input.
+#[test]
+fn to_offset_and_from_file_commit_the_offsets_asked() {
+    const BASE: i64 = 1_783_345_153_000;
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 2);
+    let (events, _) = e2e_tests::sessions::generate(40, 5, BASE);
+    produce(&run.input, "user-events", &events);
+    let arguments = run.args(&[]);
+    let state_dir = fresh_state_dir();
+    let ends = ends(&run.input);
+    assert!(ends.iter().all(|end| *end > 3), "{ends:?}");
+    let group = &run.application_id;
+
+    let planned = reset_ok(
+        run.binary,
+        &["--to-offset", "3", "--dry-run"],
+        &arguments,
+        &state_dir,
+    );
+    assert!(
+        planned.contains("inputs to offset 3\n")
+            && planned.contains(&format!("  {} partition 1: none -> 3\n", run.input)),
+        "{planned}"
+    );
+    assert_eq!(committed(group, &run.input), [None, None]);
+    reset_ok(run.binary, &["--to-offset", "3"], &arguments, &state_dir);
+    assert_eq!(committed(group, &run.input), [Some(3), Some(3)]);
+    reset_ok(
+        run.binary,
+        &["--to-offset", "1000000"],
+        &arguments,
+        &state_dir,
+    );
+    assert_eq!(
+        committed(group, &run.input),
+        [Some(ends[0]), Some(ends[1])],
+        "clamped to each partition's end"
+    );
+
+    let file = scratch_dir().join(format!("{}.csv", unique("offsets")));
+    std::fs::write(&file, format!("{0},0,1\n{0},1,99999999\n", run.input)).unwrap();
+    let from_file = reset_ok(
+        run.binary,
+        &["--from-file", file.to_str().unwrap()],
+        &arguments,
+        &state_dir,
+    );
+    assert!(
+        from_file.contains(&format!("  {} partition 0: {} -> 1\n", run.input, ends[0])),
+        "{from_file}"
+    );
+    assert_eq!(committed(group, &run.input), [Some(1), Some(ends[1])]);
+
+    for (lines, message) in [
+        (
+            format!("{},0,2\n", run.input),
+            format!("gives no offset for {} partition 1", run.input),
+        ),
+        (
+            format!("{0},0,2\n{0},1,2\nnot-an-input,0,2\n", run.input),
+            "names not-an-input, which is not an input".to_string(),
+        ),
+    ] {
+        std::fs::write(&file, lines).unwrap();
+        let refused = reset(
+            run.binary,
+            &["--from-file", file.to_str().unwrap()],
+            &arguments,
+            &state_dir,
+        );
+        let error = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success()
+                && error.contains(&message)
+                && error.trim_end().ends_with("nothing was changed"),
+            "{error}"
+        );
+        assert_eq!(committed(group, &run.input), [Some(1), Some(ends[1])]);
+    }
+    let _ = std::fs::remove_file(file);
+}
+
+/// A SIGINT while the reset waits for a broker that does not answer stops
+/// it at once: exit code 130 (128 + SIGINT), one line saying that nothing
+/// was changed.
+#[test]
+fn a_signal_before_any_change_stops_the_reset_with_nothing_changed() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = silent.local_addr().unwrap().to_string();
+    let child = Command::new(bin("sessionizer"))
+        .arg("reset")
+        .args(args(&[
+            "--input-topic",
+            "user-events",
+            "--output-topic",
+            "user-sessions",
+        ]))
+        .arg("--state-dir")
+        .arg(fresh_state_dir())
+        .env("KAFKA_BOOTSTRAP_SERVERS", &address)
+        .env("SCHEMA_REGISTRY_URL", registry())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_handler(child.id(), libc::SIGINT);
+    let started = std::time::Instant::now();
+    send(child.id(), "INT");
+    let output = wait_with_timeout(child, Duration::from_secs(15));
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        error.trim_end(),
+        "error: reset stopped by SIGINT; nothing was changed",
+        "{error}"
+    );
+    drop(silent);
+}
+
+/// Waits until process `pid` handles `signal` itself (its handler shows
+/// in `SigCgt` of `/proc/<pid>/status`).
+fn wait_for_handler(pid: u32, signal: libc::c_int) {
+    let bit = 1u64 << (signal - 1);
+    let status = format!("/proc/{pid}/status");
+    let caught = eventually(Duration::from_secs(10), || {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|text| {
+                let mask = text.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+                u64::from_str_radix(mask.trim(), 16).ok()
+            })
+            .is_some_and(|mask| mask & bit != 0)
+    });
+    assert!(caught, "no handler of signal {signal} in process {pid}");
+}
+
+fn send(pid: u32, signal: &str) {
+    let sent = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// The child's output once it exits, which it must within `timeout`.
+fn wait_with_timeout(mut child: std::process::Child, timeout: Duration) -> Output {
+    let deadline = std::time::Instant::now() + timeout;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A reset stopped by SIGTERM part-way (sent as soon as it starts to
+/// change things) exits with 143 and one line saying what it did and
+/// what not; the input offsets, which it moves last, are not moved yet.
+/// The same reset run again completes it: `--shift-by` moves the offsets
+/// once, not twice.
+#[test]
+fn a_reset_stopped_by_a_signal_is_completed_by_running_it_again() {
+    use std::io::{BufRead, BufReader, Read};
+
+    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
+    let (arguments, state_dir, end) = a_stopped_sessionizer(&run);
+    let description = tool_json(run.binary, "describe", &arguments);
+    let stage_dir = state_dir.join(&run.application_id);
+    let topics_before = existing_internal_topics(&description);
+    assert!(topics_before.len() > 1, "{topics_before:?}");
+    let options = ["--shift-by", "-2", "--wipe-local-state"];
+
+    let mut child = Command::new(bin(run.binary))
+        .arg("reset")
+        .args(options)
+        .args(&arguments)
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .env("SCHEMA_REGISTRY_URL", registry())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut header = String::new();
+    stdout.read_line(&mut header).unwrap();
+    assert_eq!(
+        header,
+        format!("Reset of application {}:\n", run.application_id)
+    );
+    send(child.id(), "TERM");
+    let mut printed = String::new();
+    stdout.read_to_string(&mut printed).unwrap();
+    let output = wait_with_timeout(child, Duration::from_secs(60));
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(143), "{error}\n{printed}");
+    assert_eq!(error.lines().count(), 1, "{error}");
+    assert!(
+        error.starts_with("error: reset stopped by SIGTERM; ")
+            && error.contains("commit the input offsets")
+            && (error.trim_end().ends_with("nothing was changed")
+                || error.trim_end().ends_with(
+                    "do not start the application: run the same reset again to complete it"
+                )),
+        "{error}"
+    );
+    assert_eq!(
+        error.contains("deleted the internal topics"),
+        printed.contains("Deleted: internal topics"),
+        "{error}\n{printed}"
+    );
+    assert!(!printed.contains("offsets committed"), "{printed}");
+    assert_eq!(committed(&run.application_id, &run.input), [Some(end)]);
+
+    let done = reset_ok(run.binary, &options, &arguments, &state_dir);
+    assert!(
+        done.contains(&format!(
+            "  {} partition 0: {end} -> {}\n",
+            run.input,
+            end - 2
+        )),
+        "{done}"
+    );
+    assert_eq!(committed(&run.application_id, &run.input), [Some(end - 2)]);
+    assert_eq!(
+        existing_internal_topics(&description),
+        [format!("{}-dlq", run.application_id)]
+    );
+    assert_eq!(state_entries(&stage_dir), ["instance.id"]);
+}

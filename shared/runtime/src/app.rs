@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::processor::Processor;
 use crate::query::peers::Peers;
 use crate::query::{endpoints_topic, serve as serve_queries, QueryServer};
-use crate::reset::{reset, ResetArgs};
+use crate::reset::{reset, ResetArgs, Stopped};
 use crate::shutdown::{self, is_interrupted, Signals};
 use crate::standby::StandbyUpdater;
 use crate::startup::{prepare_stage, ServiceEnv, StreamThread};
@@ -76,16 +76,17 @@ pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) 
                 })
             } else if tool == "reset" {
                 let cli = ResetCli::<S>::parse_from(argv);
-                build(cli.settings).and_then(|pipeline| {
-                    let description = pipeline.describe()?;
-                    reset(
-                        &description,
-                        &pipeline.args,
-                        &cli.reset,
-                        &mut std::io::stdout(),
-                    )?;
-                    Ok(String::new())
-                })
+                return build(cli.settings)
+                    .and_then(|pipeline| {
+                        let description = pipeline.describe()?;
+                        reset(
+                            &description,
+                            &pipeline.args,
+                            &cli.reset,
+                            &mut std::io::stdout(),
+                        )
+                    })
+                    .map_or_else(reset_failed, |()| ExitCode::SUCCESS);
             } else {
                 let cli = AclsCli::<S>::parse_from(argv);
                 build(cli.settings).and_then(|pipeline| {
@@ -114,6 +115,17 @@ pub fn service_main<S: Parser + Args>(build: fn(S) -> anyhow::Result<Pipeline>) 
         eprintln!("error: {}", redact(&format!("{error:#}")));
         ExitCode::FAILURE
     })
+}
+
+/// The exit of a `reset` that did not complete: 128 + the signal's number
+/// (130, 143) when a signal stopped it, 1 when it failed; its one line on
+/// stderr either way.
+fn reset_failed(error: anyhow::Error) -> ExitCode {
+    eprintln!("error: {}", redact(&format!("{error:#}")));
+    match error.downcast_ref::<Stopped>() {
+        Some(stopped) => ExitCode::from(stopped.exit_code()),
+        None => ExitCode::FAILURE,
+    }
 }
 
 /// `<service> describe [--format] <service flags>`.
@@ -158,8 +170,9 @@ struct AclsCli<S: Args> {
     strimzi: StrimziArgs,
 }
 
-/// `<service> reset [--to-earliest|--to-latest|--to-datetime|--by-duration|--shift-by]
-/// [--wipe-local-state] [--dry-run] <service flags>`.
+/// `<service> reset [--to-earliest|--to-latest|--to-datetime|--by-duration|--shift-by|
+/// --to-offset|--from-file] [--ignore-committed-topic]... [--wipe-local-state] [--dry-run]
+/// <service flags>`.
 #[derive(Parser)]
 struct ResetCli<S: Args> {
     #[command(flatten)]
@@ -345,6 +358,7 @@ impl Pipeline {
         let metrics = Arc::new(Metrics::with_liveness_timeout(
             Some(self.args.liveness_timeout.as_std()).filter(|timeout| !timeout.is_zero()),
         ));
+        metrics.add_process_gauges(Box::new(crate::process_stats::export));
         // The operations endpoint first: while start-up waits for the
         // brokers, /healthz answers and /readyz says not ready.
         serve_operations(runtime, self.args.http_addr, &metrics)?;

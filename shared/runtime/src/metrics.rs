@@ -503,7 +503,8 @@ impl Metrics {
     }
 
     /// Adds `gauges`, series of the whole process that no thread owns
-    /// (the shared block cache), read at every [`Metrics::snapshot`].
+    /// (CPU and memory, the shared block cache), read at every
+    /// [`Metrics::snapshot`].
     pub fn add_process_gauges(&self, gauges: ProcessGauges) {
         self.process_gauges.lock().unwrap().push(gauges);
     }
@@ -515,7 +516,6 @@ impl Metrics {
         let mut merged = Snapshot::default();
         merged.set(READY, vec![], f64::from(u8::from(Self::all_ready(&stages))));
         export_build_info(&mut merged);
-        crate::process_stats::export(&mut merged);
         for gauges in self.process_gauges.lock().unwrap().iter() {
             gauges(&mut merged);
         }
