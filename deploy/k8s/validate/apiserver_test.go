@@ -6,7 +6,10 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	podutil "k8s.io/kubernetes/pkg/api/pod"
@@ -16,6 +19,9 @@ import (
 	"k8s.io/kubernetes/pkg/apis/core"
 	_ "k8s.io/kubernetes/pkg/apis/core/install"
 	corevalidation "k8s.io/kubernetes/pkg/apis/core/validation"
+	"k8s.io/kubernetes/pkg/apis/networking"
+	_ "k8s.io/kubernetes/pkg/apis/networking/install"
+	networkingvalidation "k8s.io/kubernetes/pkg/apis/networking/validation"
 	"k8s.io/kubernetes/pkg/apis/policy"
 	_ "k8s.io/kubernetes/pkg/apis/policy/install"
 	policyvalidation "k8s.io/kubernetes/pkg/apis/policy/validation"
@@ -24,7 +30,8 @@ import (
 // apiServerErrors runs what the API server runs on a create: the versioned
 // object is defaulted and converted to the internal type with the API
 // server's own scheme (k8s.io/kubernetes, pinned in go.mod), then validated
-// by the function its registry strategy calls. ServiceMonitors and
+// by the function its registry strategy calls (NetworkPolicies: those of
+// components/queries). ServiceMonitors and
 // PrometheusRules are custom resources, which a server checks against the
 // CRD's schema; the strict decoding covers them (and promtool the rules,
 // alerts_test.go).
@@ -54,6 +61,9 @@ func apiServerErrors(obj runtime.Object) (field.ErrorList, error) {
 		return corevalidation.ValidateNamespace(o), nil
 	case *policy.PodDisruptionBudget:
 		return policyvalidation.ValidatePodDisruptionBudget(o, policyvalidation.PodDisruptionBudgetValidationOptions{}), nil
+	case *networking.NetworkPolicy:
+		// As networkPolicyStrategy.Validate does.
+		return networkingvalidation.ValidateNetworkPolicy(o, networkingvalidation.ValidationOptionsForNetworking(o, nil)), nil
 	}
 	return nil, fmt.Errorf("no API server validation wired for %T", internal)
 }
@@ -75,6 +85,9 @@ func (r *Rendered) validatable() []runtime.Object {
 		objects = append(objects, o)
 	}
 	for _, o := range r.PDBs {
+		objects = append(objects, o)
+	}
+	for _, o := range r.NetworkPolicies {
 		objects = append(objects, o)
 	}
 	for _, o := range r.Namespaces {
@@ -123,6 +136,48 @@ func TestAPIServersValidationRefusesBrokenStatefulSets(t *testing.T) {
 		"volumeMount naming no volume": func(s *appsv1.StatefulSet) {
 			c := &s.Spec.Template.Spec.Containers[0]
 			c.VolumeMounts[0].Name = "no-such-volume"
+		},
+	}
+	for name, breakIt := range breakages {
+		broken := good.DeepCopy()
+		breakIt(broken)
+		errs, err := apiServerErrors(broken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(errs) == 0 {
+			t.Errorf("%s: accepted", name)
+		} else {
+			t.Logf("%s: %v", name, errs.ToAggregate())
+		}
+	}
+}
+
+// The NetworkPolicy validation is wired in: broken copies of a rendered
+// policy of components/queries are refused.
+func TestAPIServersValidationRefusesBrokenNetworkPolicies(t *testing.T) {
+	policies := renderComponent(t, "queries").NetworkPolicies
+	if len(policies) == 0 {
+		t.Fatal("components/queries renders no NetworkPolicy")
+	}
+	good := policies[0]
+	if errs, err := apiServerErrors(good); err != nil || len(errs) > 0 {
+		t.Fatalf("%s as rendered is refused: %v %v", good.Name, err, errs.ToAggregate())
+	}
+	breakages := map[string]func(*networkingv1.NetworkPolicy){
+		"port named query_token": func(np *networkingv1.NetworkPolicy) {
+			port := intstr.FromString("query_token")
+			np.Spec.Ingress[0].Ports[0].Port = &port
+		},
+		"protocol ICMP": func(np *networkingv1.NetworkPolicy) {
+			protocol := corev1.Protocol("ICMP")
+			np.Spec.Ingress[0].Ports[0].Protocol = &protocol
+		},
+		"a peer with an invalid label value": func(np *networkingv1.NetworkPolicy) {
+			np.Spec.Ingress[0].From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] = "not a value"
+		},
+		"an IP block that is no CIDR": func(np *networkingv1.NetworkPolicy) {
+			np.Spec.Ingress[0].From = append(np.Spec.Ingress[0].From, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/33"}})
 		},
 	}
 	for name, breakIt := range breakages {

@@ -20,7 +20,7 @@ import (
 // externalSecrets are created outside git (README.md "Deploying on
 // Kubernetes"): references to them are expected to dangle in the render.
 // The per-service ones (<service>-kafka-credentials, -kafka-tls,
-// -kafka-oidc) and the query token are added in components_test.go.
+// -kafka-oidc, -query-token) are added in components_test.go.
 var externalSecrets = map[string]bool{}
 
 // EnvVar is one variable of a container as Kubernetes would set it.
@@ -449,7 +449,7 @@ func TestOverlayDifferences(t *testing.T) {
 	}
 	// One Kafka principal per service: no pod mounts another service's
 	// credentials, no two share one Secret.
-	for _, p := range ownSecretProblems(prod, kafkaCredentialsSuffix) {
+	for _, p := range ownSecretProblems(prod, kafkaCredentialsSuffix, sharedKafkaCredentials) {
 		t.Errorf("prod: %s", p)
 	}
 	if len(prod.Monitors) == 0 {

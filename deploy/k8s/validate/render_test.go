@@ -11,6 +11,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -24,16 +25,17 @@ var overlays = []string{"dev", "prod"}
 
 // Rendered is one overlay, built and decoded.
 type Rendered struct {
-	Overlay      string
-	StatefulSets []*appsv1.StatefulSet
-	Services     []*corev1.Service
-	ConfigMaps   []*corev1.ConfigMap
-	Secrets      []*corev1.Secret
-	PDBs         []*policyv1.PodDisruptionBudget
-	Namespaces   []*corev1.Namespace
-	Monitors     []*monitoringv1.ServiceMonitor
-	Rules        []*monitoringv1.PrometheusRule
-	Objects      int
+	Overlay         string
+	StatefulSets    []*appsv1.StatefulSet
+	Services        []*corev1.Service
+	ConfigMaps      []*corev1.ConfigMap
+	Secrets         []*corev1.Secret
+	PDBs            []*policyv1.PodDisruptionBudget
+	NetworkPolicies []*networkingv1.NetworkPolicy
+	Namespaces      []*corev1.Namespace
+	Monitors        []*monitoringv1.ServiceMonitor
+	Rules           []*monitoringv1.PrometheusRule
+	Objects         int
 }
 
 var (
@@ -46,7 +48,7 @@ var (
 func newScheme() *runtime.Scheme {
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, monitoringv1.AddToScheme,
+		corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme, monitoringv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			panic(err)
@@ -117,6 +119,8 @@ func doRender(root, overlay string) (*Rendered, error) {
 			out.Secrets = append(out.Secrets, o)
 		case *policyv1.PodDisruptionBudget:
 			out.PDBs = append(out.PDBs, o)
+		case *networkingv1.NetworkPolicy:
+			out.NetworkPolicies = append(out.NetworkPolicies, o)
 		case *corev1.Namespace:
 			out.Namespaces = append(out.Namespaces, o)
 		case *monitoringv1.ServiceMonitor:
@@ -141,8 +145,8 @@ func TestOverlaysRenderAndDecodeStrictly(t *testing.T) {
 			if len(r.StatefulSets) == 0 {
 				t.Fatal("no StatefulSet rendered")
 			}
-			t.Logf("%d objects: %d StatefulSets, %d Services, %d PDBs, %d ConfigMaps, %d ServiceMonitors, %d PrometheusRules",
-				r.Objects, len(r.StatefulSets), len(r.Services), len(r.PDBs), len(r.ConfigMaps), len(r.Monitors), len(r.Rules))
+			t.Logf("%d objects: %d StatefulSets, %d Services, %d PDBs, %d NetworkPolicies, %d ConfigMaps, %d ServiceMonitors, %d PrometheusRules",
+				r.Objects, len(r.StatefulSets), len(r.Services), len(r.PDBs), len(r.NetworkPolicies), len(r.ConfigMaps), len(r.Monitors), len(r.Rules))
 		})
 	}
 }
