@@ -450,11 +450,13 @@ fn serve_operations(
 ) -> anyhow::Result<()> {
     match address {
         Some(address) => {
-            runtime.block_on(crate::http::serve(address, metrics.clone()))?;
+            runtime.block_on(crate::http::serve_operations(address, metrics.clone()))?;
         }
         None => {
             let address = crate::config::DEFAULT_HTTP_ADDR.parse()?;
-            if let Err(error) = runtime.block_on(crate::http::serve(address, metrics.clone())) {
+            if let Err(error) =
+                runtime.block_on(crate::http::serve_operations(address, metrics.clone()))
+            {
                 tracing::warn!(%error, "running without /metrics, /healthz and /readyz; set --http-addr");
             }
         }

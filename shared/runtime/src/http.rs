@@ -1,21 +1,110 @@
-//! The operations listener: `/metrics` (Prometheus), `/healthz`, `/readyz`.
+//! The process's HTTP listeners on hyper: the operations endpoint here
+//! (`/metrics` for Prometheus, `/healthz`, `/readyz`) and the query listener
+//! ([`crate::query`]), both served by [`serve`].
 //!
-//! Three fixed GET endpoints do not justify an HTTP framework's build time;
-//! this reads one request line per connection and answers with `Connection:
-//! close`.
+//! Each connection is an HTTP/1.1 connection of hyper's, kept alive between
+//! requests, with a bounded request head that must arrive within
+//! [`HEAD_TIMEOUT`]; a handler answers each request with a whole body.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_native_tls::TlsAcceptor;
 
 use crate::metrics::Metrics;
 
-/// Binds the listener (so a taken port is a clear startup error) and serves
-/// it on the current tokio runtime.
-pub async fn serve(
+/// How long a client may take to send a request head (and its TLS
+/// handshake).
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest request head read.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// An answer of a listener: a whole body.
+pub(crate) type Answer = Response<Full<Bytes>>;
+
+/// An answer of `status` with `body` as `content_type`.
+pub(crate) fn answer(status: StatusCode, content_type: &'static str, body: String) -> Answer {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// Answers every connection of `listener` on the current tokio runtime,
+/// over TLS with `tls`, each request with `handle`.
+pub(crate) fn serve<H, F>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    handle: H,
+) -> tokio::task::JoinHandle<()>
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Answer> + Send + 'static,
+{
+    let tls = tls.map(Arc::new);
+    tokio::spawn(async move {
+        loop {
+            let socket = match listener.accept().await {
+                Ok((socket, _)) => socket,
+                Err(error) => {
+                    // Out of file descriptors, typically: wait rather than spin.
+                    tracing::warn!(%error, "cannot accept an HTTP connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (tls, handle) = (tls.clone(), handle.clone());
+            tokio::spawn(async move {
+                match tls {
+                    None => answer_connection(socket, handle).await,
+                    Some(tls) => {
+                        let handshake = tokio::time::timeout(HEAD_TIMEOUT, tls.accept(socket));
+                        if let Ok(Ok(socket)) = handshake.await {
+                            answer_connection(socket, handle).await;
+                        }
+                    }
+                }
+            });
+        }
+    })
+}
+
+/// Answers the requests of one connection until the client closes it.
+async fn answer_connection<S, H, F>(socket: S, handle: H)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Send + 'static,
+    F: Future<Output = Answer> + Send + 'static,
+{
+    let service = service_fn(move |request| {
+        let answered = handle(request);
+        async move { Ok::<_, std::convert::Infallible>(answered.await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .serve_connection(TokioIo::new(socket), service)
+        .await;
+}
+
+/// Binds the operations listener (so a taken port is a clear startup
+/// error) and serves it on the current tokio runtime.
+pub async fn serve_operations(
     address: SocketAddr,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -23,79 +112,31 @@ pub async fn serve(
         anyhow::anyhow!("cannot listen on {address} for /metrics (--http-addr): {e}")
     })?;
     tracing::info!(%address, "serving /metrics, /healthz and /readyz");
-    Ok(tokio::spawn(answer_connections(listener, metrics)))
+    Ok(serve(listener, None, move |request: Request<Incoming>| {
+        let answer = respond(request.uri().path(), &metrics);
+        std::future::ready(answer)
+    }))
 }
 
-/// Answers each connection of `listener` in its own task.
-async fn answer_connections(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let mut socket = match listener.accept().await {
-            Ok((socket, _)) => socket,
-            Err(error) => {
-                // Out of file descriptors, typically: wait rather than spin.
-                tracing::warn!(%error, "cannot accept an HTTP connection");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buffer = [0u8; 4096];
-            let Ok(Ok(read)) =
-                tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut socket, &mut buffer)).await
-            else {
-                return;
-            };
-            let request = String::from_utf8_lossy(&buffer[..read]);
-            let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let (status, content_type, body) = respond(path, &metrics);
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = socket.write_all(response.as_bytes()).await;
-        });
-    }
-}
-
-/// How long a client may take to send its request head.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Reads the request head (up to the blank line) into `buffer` and returns
-/// its length. A request arrives in as many segments as the client wrote it
-/// in; answering after the first one would misread the path, and closing a
-/// socket with unread bytes makes the kernel reset the connection before the
-/// client has read the answer.
-async fn read_head(socket: &mut TcpStream, buffer: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buffer.len() && !buffer[..filled].windows(4).any(|w| w == b"\r\n\r\n") {
-        match socket.read(&mut buffer[filled..]).await? {
-            0 => break,
-            read => filled += read,
-        }
-    }
-    Ok(filled)
-}
-
-fn respond(path: &str, metrics: &Metrics) -> (&'static str, &'static str, String) {
+fn respond(path: &str, metrics: &Metrics) -> Answer {
     const TEXT: &str = "text/plain; charset=utf-8";
     match path {
-        "/metrics" => (
-            "200 OK",
+        "/metrics" => answer(
+            StatusCode::OK,
             "text/plain; version=0.0.4",
             metrics.snapshot().render(),
         ),
         "/healthz" => match metrics.unhealthy() {
-            Some(why) => ("503 Service Unavailable", TEXT, format!("{why}\n")),
-            None => ("200 OK", TEXT, "ok\n".into()),
+            Some(why) => answer(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
+            None => answer(StatusCode::OK, TEXT, "ok\n".into()),
         },
-        "/readyz" if metrics.is_ready() => ("200 OK", TEXT, "ready\n".into()),
-        "/readyz" => (
-            "503 Service Unavailable",
+        "/readyz" if metrics.is_ready() => answer(StatusCode::OK, TEXT, "ready\n".into()),
+        "/readyz" => answer(
+            StatusCode::SERVICE_UNAVAILABLE,
             TEXT,
             "restoring or not assigned\n".into(),
         ),
-        _ => ("404 Not Found", TEXT, "not found\n".into()),
+        _ => answer(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
     }
 }
 
@@ -125,22 +166,29 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
-        let address = listener.local_addr().unwrap();
-        runtime.spawn(answer_connections(listener, Arc::new(Metrics::default())));
+        let address: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let address = runtime.block_on(async {
+            let listener = TcpListener::bind(address).await.unwrap();
+            let address = listener.local_addr().unwrap();
+            serve(listener, None, move |request: Request<Incoming>| {
+                std::future::ready(respond(request.uri().path(), &metrics))
+            });
+            address
+        });
 
         let answer = request_in_segments(
             address,
             &[
                 "GET /hea",
                 "lthz HTTP/1.1\r\nHost: x\r\n",
-                "Accept: */*\r\n\r\n",
+                "Connection: close\r\n\r\n",
             ],
         );
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
         assert!(answer.ends_with("\r\n\r\nok\n"), "{answer}");
 
-        let answer = request_in_segments(address, &["GET /nowhere HTTP/1.1\r\n\r\n"]);
-        assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+        let answer = request_in_segments(address, &["GET /nowhere HTTP/1.0\r\n\r\n"]);
+        assert!(answer.starts_with("HTTP/1.0 404"), "{answer}");
     }
 }

@@ -6,14 +6,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_native_tls::TlsAcceptor;
 
 use super::peers::{Peer, Peers};
 use super::read::{Selection, Snapshot};
 use super::QueryableStage;
+use crate::http;
 use crate::partitioner::murmur2_partition;
 use crate::processor::StoreShape;
 use crate::state::open_stores::{OpenStores, StoreRole};
@@ -25,13 +29,6 @@ const RETRY_AFTER_SECONDS: u32 = 1;
 /// Entries per task a range query returns unless it says `limit=`.
 const DEFAULT_LIMIT: usize = 1_000;
 const MAX_LIMIT: usize = 100_000;
-/// How long a client may take to send its first request head (and its TLS
-/// handshake).
-const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a kept-alive connection may wait for its next request.
-const KEEP_ALIVE: Duration = Duration::from_secs(30);
-/// The longest request head read.
-const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// How long a forwarded query may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -78,53 +75,35 @@ struct Request {
     params: HashMap<String, String>,
     authorization: Option<String>,
     hop: bool,
-    /// HTTP/1.1 without `Connection: close`.
-    keep_alive: bool,
 }
 
-fn parse_request(head: &str) -> Option<(String, Request)> {
-    let mut lines = head.split("\r\n");
-    let mut first = lines.next()?.split_whitespace();
-    let method = first.next()?.to_string();
-    let target = first.next()?.to_string();
-    let mut keep_alive = first.next() == Some("HTTP/1.1");
-    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let segments = path
-        .split('/')
-        .filter(|segment| !segment.is_empty())
-        .map(|segment| {
-            percent_encoding::percent_decode_str(segment)
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-        .collect();
-    let params = form_urlencoded::parse(query.as_bytes())
-        .into_owned()
-        .collect();
-    let mut authorization = None;
-    let mut hop = false;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        match name.trim().to_ascii_lowercase().as_str() {
-            "authorization" => authorization = Some(value.trim().to_string()),
-            HOP_HEADER => hop = true,
-            "connection" => keep_alive &= !value.trim().eq_ignore_ascii_case("close"),
-            _ => {}
-        }
-    }
-    Some((
-        method,
+impl Request {
+    fn parse<B>(request: &hyper::Request<B>) -> Self {
+        let uri = request.uri();
+        let segments = (uri.path().split('/'))
+            .filter(|segment| !segment.is_empty())
+            .map(|segment| {
+                percent_encoding::percent_decode_str(segment)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            })
+            .collect();
+        let params = form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
+        let headers = request.headers();
         Request {
             segments,
-            target,
+            target: uri
+                .path_and_query()
+                .map_or_else(|| uri.path().to_string(), ToString::to_string),
             params,
-            authorization,
-            hop,
-            keep_alive,
-        },
-    ))
+            authorization: (headers.get(hyper::header::AUTHORIZATION))
+                .and_then(|value| value.to_str().ok())
+                .map(|value| value.trim().to_string()),
+            hop: headers.contains_key(HOP_HEADER),
+        }
+    }
 }
 
 /// Binds the query listener (a taken port is a clear startup error) and
@@ -138,126 +117,10 @@ pub(crate) async fn serve(
         anyhow::anyhow!("cannot listen on {address} for queries (--query-addr): {e}")
     })?;
     tracing::info!(%address, tls = tls.is_some(), "serving interactive queries");
-    let tls = tls.map(Arc::new);
-    Ok(tokio::spawn(async move {
-        loop {
-            match listener.accept().await {
-                Ok((socket, _)) => {
-                    let (server, tls) = (server.clone(), tls.clone());
-                    tokio::spawn(async move {
-                        match tls {
-                            None => answer_connection(socket, server).await,
-                            Some(tls) => {
-                                let handshake = tls.accept(socket);
-                                if let Ok(Ok(socket)) =
-                                    tokio::time::timeout(HEAD_TIMEOUT, handshake).await
-                                {
-                                    answer_connection(socket, server).await;
-                                }
-                            }
-                        }
-                    });
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot accept a query connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
+    Ok(http::serve(listener, tls, move |request| {
+        let server = server.clone();
+        async move { server.respond(request).await }
     }))
-}
-
-/// Answers the requests of one connection, kept alive between them (a
-/// client asking many queries, or another instance forwarding them, pays
-/// for one connection, not one per query) until the client closes it,
-/// says `Connection: close`, or stays idle for [`KEEP_ALIVE`].
-async fn answer_connection<S: AsyncRead + AsyncWrite + Unpin>(
-    mut socket: S,
-    server: Arc<QueryServer>,
-) {
-    let mut buffer = Vec::with_capacity(4096);
-    let mut wait = HEAD_TIMEOUT;
-    loop {
-        let Ok(Ok(Some(end))) =
-            tokio::time::timeout(wait, read_request_head(&mut socket, &mut buffer)).await
-        else {
-            return;
-        };
-        wait = KEEP_ALIVE;
-        let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
-        // Whatever follows the head is the start of the next request.
-        buffer.drain(..end);
-        let (answer, keep_alive) = match parse_request(&head) {
-            None => (Answer::error(400, "malformed request"), false),
-            Some((method, request)) if method != "GET" => {
-                let keep_alive = request.keep_alive;
-                (Answer::error(405, "only GET is served"), keep_alive)
-            }
-            Some((_, request)) => {
-                let answer = match server.permits.clone().try_acquire_owned() {
-                    Ok(_answering) => server.answer(&request).await,
-                    Err(_) => Answer::error(
-                        429,
-                        format!(
-                            "more than {} queries at once (--query-max-concurrent)",
-                            server.max_concurrent
-                        ),
-                    ),
-                };
-                (answer, request.keep_alive)
-            }
-        };
-        let body = answer.body.to_string();
-        let reason = match answer.status {
-            200 => "OK",
-            400 => "Bad Request",
-            401 => "Unauthorized",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            429 => "Too Many Requests",
-            503 => "Service Unavailable",
-            _ => "Error",
-        };
-        let extra = match answer.status {
-            429 | 503 => format!("Retry-After: {RETRY_AFTER_SECONDS}\r\n"),
-            401 => "WWW-Authenticate: Bearer\r\n".to_string(),
-            _ => String::new(),
-        };
-        let connection = if keep_alive { "keep-alive" } else { "close" };
-        let response = format!(
-            "HTTP/1.1 {} {reason}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: {connection}\r\n\r\n{body}",
-            answer.status,
-            body.len()
-        );
-        if socket.write_all(response.as_bytes()).await.is_err() || !keep_alive {
-            return;
-        }
-    }
-}
-
-/// Reads into `buffer` (which may already hold the start of it) until it
-/// holds a whole request head; returns the head's length, or `None` when
-/// the client closed the connection or sent a head too long.
-async fn read_request_head<S: AsyncRead + Unpin>(
-    socket: &mut S,
-    buffer: &mut Vec<u8>,
-) -> std::io::Result<Option<usize>> {
-    let mut searched: usize = 0;
-    loop {
-        let from = searched.saturating_sub(3);
-        if let Some(at) = buffer[from..].windows(4).position(|w| w == b"\r\n\r\n") {
-            return Ok(Some(from + at + 4));
-        }
-        searched = buffer.len();
-        if buffer.len() >= MAX_HEAD_BYTES {
-            return Ok(None);
-        }
-        let mut chunk = [0u8; 4096];
-        match socket.read(&mut chunk).await? {
-            0 => return Ok(None),
-            read => buffer.extend_from_slice(&chunk[..read]),
-        }
-    }
 }
 
 /// Compares without stopping at the first difference, so that the time an
@@ -289,6 +152,39 @@ struct Bounds {
 }
 
 impl QueryServer {
+    /// Answers one request: a GET within `--query-max-concurrent`, or its
+    /// refusal.
+    async fn respond(self: Arc<Self>, request: hyper::Request<Incoming>) -> http::Answer {
+        let answer = if request.method() != Method::GET {
+            Answer::error(405, "only GET is served")
+        } else {
+            match self.permits.clone().try_acquire_owned() {
+                Ok(_answering) => self.answer(&Request::parse(&request)).await,
+                Err(_) => Answer::error(
+                    429,
+                    format!(
+                        "more than {} queries at once (--query-max-concurrent)",
+                        self.max_concurrent
+                    ),
+                ),
+            }
+        };
+        let status =
+            StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = http::answer(status, "application/json", answer.body.to_string());
+        let headers = response.headers_mut();
+        match status {
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                headers.insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+            }
+            StatusCode::UNAUTHORIZED => {
+                headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
+    }
+
     async fn answer(self: &Arc<Self>, request: &Request) -> Answer {
         if let Some(token) = &self.token {
             let presented =
@@ -435,7 +331,7 @@ impl QueryServer {
             let target = format!("{target}{separator}partition={task}");
             async move { self.task_answer(ask, &target, task).await }
         });
-        let answers = futures_join_all(asks).await;
+        let answers = join_all(asks).await;
         let complete = answers.iter().all(|answer| answer.status == 200);
         let partitions: Vec<Value> = answers
             .into_iter()
@@ -603,43 +499,19 @@ impl QueryServer {
     }
 }
 
-/// Awaits every future of `futures`, concurrently, in order.
-async fn futures_join_all<F: std::future::Future>(
-    futures: impl Iterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
-    let mut results: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|context| {
-        let mut done = true;
-        for (future, result) in pending.iter_mut().zip(results.iter_mut()) {
-            if result.is_none() {
-                match future.as_mut().poll(context) {
-                    std::task::Poll::Ready(output) => *result = Some(output),
-                    std::task::Poll::Pending => done = false,
-                }
-            }
-        }
-        if done {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    results.into_iter().map(Option::unwrap).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_request_head_gives_its_path_parameters_and_headers() {
-        let (method, request) = parse_request(
-            "GET /stores/main/sessions/keys/user%201?max_lag=5&standby=allow HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\nX-Streams-Query-Hop: 1\r\n\r\n",
-        )
-        .unwrap();
-        assert_eq!(method, "GET");
+    fn a_request_gives_its_path_parameters_and_headers() {
+        let request = Request::parse(
+            &hyper::Request::get("/stores/main/sessions/keys/user%201?max_lag=5&standby=allow")
+                .header("Authorization", "Bearer t0k")
+                .header("X-Streams-Query-Hop", "1")
+                .body(())
+                .unwrap(),
+        );
         assert_eq!(
             request.segments,
             ["stores", "main", "sessions", "keys", "user 1"]
@@ -652,43 +524,6 @@ mod tests {
             request.target,
             "/stores/main/sessions/keys/user%201?max_lag=5&standby=allow"
         );
-    }
-
-    #[test]
-    fn a_connection_is_kept_alive_unless_the_client_says_close() {
-        let keep = |head: &str| parse_request(head).unwrap().1.keep_alive;
-        assert!(keep("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
-        assert!(!keep("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n"));
-        assert!(!keep("GET / HTTP/1.0\r\n\r\n"));
-    }
-
-    #[test]
-    fn request_heads_are_read_one_at_a_time_from_what_arrives() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (mut client, mut server) = tokio::io::duplex(1024);
-            let first = "GET /a HTTP/1.1\r\n\r\n";
-            let second = "GET /b HTTP/1.1\r\nHost: x\r\n\r\n";
-            // Both heads in one write, the second split across two.
-            client.write_all(first.as_bytes()).await.unwrap();
-            client.write_all(&second.as_bytes()[..10]).await.unwrap();
-            let mut buffer = Vec::new();
-            let end = read_request_head(&mut server, &mut buffer).await.unwrap();
-            assert_eq!(end, Some(first.len()));
-            buffer.drain(..first.len());
-            client.write_all(&second.as_bytes()[10..]).await.unwrap();
-            let end = read_request_head(&mut server, &mut buffer).await.unwrap();
-            assert_eq!(&buffer[..end.unwrap()], second.as_bytes());
-            buffer.clear();
-            drop(client);
-            assert_eq!(
-                read_request_head(&mut server, &mut buffer).await.unwrap(),
-                None
-            );
-        });
     }
 
     #[test]
