@@ -9,7 +9,6 @@ mod read_cache;
 mod resources;
 mod restore_batch;
 pub mod store;
-mod timer_spill;
 
 /// Index of a store within its [`TaskStore`](store::TaskStore), fixed for
 /// the process lifetime. Here, not in `store`, because the store's helpers

@@ -10,7 +10,7 @@ use crate::processor::{DerivedTimers, Processor, StateView, TimerName};
 use crate::state::store::TaskStore;
 use crate::state::StoreIndex;
 use crate::time::{InputClock, PartitionClock, NO_WATERMARK};
-use crate::timers::{TaskTimers, TimerEntry};
+use crate::timers::{TaskTimers, TimerEntry, TimerSpill};
 use crate::topology::PROGRESS_STORE;
 
 const TASK_WATERMARK_KEY: &[u8] = b"T";
@@ -63,7 +63,7 @@ impl<P: Processor> Task<P> {
         // A timer store needs a spilled timer's old time to delete its key.
         let exact = self.timer_store.is_some();
         let mut timers = TaskTimers::spilling(store.timer_budget(), exact, |domain| {
-            Box::new(store.timer_spill(domain))
+            Box::new(TimerSpill::of(store, domain))
         });
         match (self.timer_store, P::DERIVE_TIMERS) {
             (Some(timer_store), _) => self.store.for_each_committed(timer_store, |key, _| {

@@ -3,6 +3,7 @@
 //! (see [`TimerQueue`]).
 
 mod queue;
+mod rocksdb_spill;
 mod spill;
 mod spill_filter;
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
 
 pub use queue::TimerQueue;
+pub(crate) use rocksdb_spill::TimerSpill;
 pub use spill::SpillStore;
 
 /// One pending timer: a name per key, at a time. Timers due at the same

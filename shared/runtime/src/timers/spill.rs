@@ -1,7 +1,7 @@
 //! Where a timer queue keeps the timers beyond its memory budget.
 
 /// A store of spilled timers, in firing order and by key and name: the
-/// task's RocksDB (`state::TimerSpill`), or a map in tests. Local to the
+/// task's RocksDB ([`TimerSpill`](super::TimerSpill)), or a map in tests. Local to the
 /// task's life: the queue is rebuilt, and the store cleared, whenever the
 /// task loads its timers from committed state.
 pub trait SpillStore: Send {

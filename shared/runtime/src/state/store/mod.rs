@@ -44,7 +44,6 @@ use super::read_cache::ReadCache;
 use super::resources::MemoryShares;
 pub use super::resources::StateResources;
 pub use super::restore_batch::RestoreBatch;
-use super::timer_spill::{TimerSpill, SPILLED_TIMERS};
 use super::StoreIndex;
 use crate::pool::WorkerPool;
 use commit::Applying;
@@ -53,6 +52,9 @@ use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, ReadOptions, DB};
 
 /// Column family holding, per store, the last changelog offset applied locally.
 pub(crate) const CHECKPOINTS: &str = "__checkpoints";
+/// The column family of the timers beyond the task's memory budget
+/// ([`crate::timers::TimerSpill`]): not state, so no changelog.
+pub(crate) const SPILLED_TIMERS: &str = "__spilled_timers";
 /// RocksDB's own column family, which every database has.
 const DEFAULT_FAMILY: &str = "default";
 
@@ -242,9 +244,10 @@ impl TaskStore {
         self.shares.per_task(self.shares.timer_bytes)
     }
 
-    /// Where this task's timers of `domain` beyond its timer budget go.
-    pub fn timer_spill(&self, domain: crate::timers::TimeDomain) -> TimerSpill {
-        TimerSpill::new(self.db.clone(), domain)
+    /// The task's database, for the timers spilled into its
+    /// [`SPILLED_TIMERS`] family.
+    pub(crate) fn database(&self) -> Arc<DB> {
+        self.db.clone()
     }
 
     /// Forgets every spilled timer (the queue they belonged to is gone).
@@ -514,7 +517,7 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -525,7 +528,7 @@ pub(super) mod tests {
         assert_eq!(prefix_end(b""), None);
     }
 
-    pub(in crate::state) fn temp_store(names: &[&str]) -> (TaskStore, PathBuf) {
+    pub(crate) fn temp_store(names: &[&str]) -> (TaskStore, PathBuf) {
         temp_store_with(names, &StateResources::new(8 << 20, 1))
     }
 

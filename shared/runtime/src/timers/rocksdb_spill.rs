@@ -1,5 +1,5 @@
 //! Timers beyond a task's memory budget, in a column family of the task's
-//! RocksDB (see [`TimerQueue`](crate::timers::TimerQueue)).
+//! RocksDB (see [`TimerQueue`]).
 //!
 //! The family is the queue's extension, not state: no changelog, no write
 //! ahead log, cleared whenever the task loads its timers from committed
@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
 
+#[cfg(doc)]
+use super::TimerQueue;
+use super::{SpillStore, TimeDomain};
 use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
-use crate::timers::{SpillStore, TimeDomain};
-
-/// The column family of spilled timers.
-pub(super) const SPILLED_TIMERS: &str = "__spilled_timers";
+use crate::state::store::{TaskStore, SPILLED_TIMERS};
 
 /// Key prefixes: timers in firing order, and their times by key and name.
 const BY_TIME: u8 = b'T';
@@ -53,9 +53,10 @@ enum Unwritten {
 }
 
 impl TimerSpill {
-    pub(super) fn new(db: Arc<DB>, domain: TimeDomain) -> Self {
+    /// Where `store`'s timers of `domain` beyond its timer budget go.
+    pub(crate) fn of(store: &TaskStore, domain: TimeDomain) -> Self {
         TimerSpill {
-            db,
+            db: store.database(),
             domain: domain.tag(),
             taken_up_to: None,
             unwritten: BTreeMap::new(),
@@ -261,7 +262,7 @@ mod tests {
     #[test]
     fn by_time_keys_sort_as_time_key_name_and_decode_back() {
         let (store, _dir) = crate::state::store::tests::temp_store(&[]);
-        let spill = store.timer_spill(TimeDomain::EventTime);
+        let spill = TimerSpill::of(&store, TimeDomain::EventTime);
         let timers = [
             (-5, "z", "a"),
             (7, "", "b"),
@@ -285,8 +286,8 @@ mod tests {
     #[test]
     fn timers_come_back_in_order_and_a_clear_forgets_them() {
         let (store, _dir) = crate::state::store::tests::temp_store(&[]);
-        let mut spill = store.timer_spill(TimeDomain::EventTime);
-        let mut wall_clock = store.timer_spill(TimeDomain::WallClock);
+        let mut spill = TimerSpill::of(&store, TimeDomain::EventTime);
+        let mut wall_clock = TimerSpill::of(&store, TimeDomain::WallClock);
         wall_clock.put(1, "w", "a").unwrap();
         wall_clock.apply_unwritten().unwrap();
         for (time, key) in [(30, "c"), (10, "a"), (20, "b"), (40, "d")] {
@@ -320,14 +321,14 @@ mod tests {
             .unwrap();
         assert_eq!(rest, [5, 30, 40], "one put before the last take");
         store.clear_spilled_timers().unwrap();
-        let fresh = store.timer_spill(TimeDomain::EventTime);
+        let fresh = TimerSpill::of(&store, TimeDomain::EventTime);
         assert_eq!(fresh.get("c", "t").unwrap(), None, "cleared");
     }
 
     #[test]
     fn held_back_writes_read_as_written_on_either_side_of_a_batch() {
         let (store, _dir) = crate::state::store::tests::temp_store(&[]);
-        let mut spill = store.timer_spill(TimeDomain::EventTime);
+        let mut spill = TimerSpill::of(&store, TimeDomain::EventTime);
         let timers = 3 * WRITE_BEHIND as i64 + 7;
         // Keys in no order, so batches are sorted and some land held back.
         let key = |i: i64| format!("k{}", (i * 7919) % timers);
