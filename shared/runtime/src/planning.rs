@@ -139,6 +139,49 @@ pub(crate) fn stage_topics<I, P: Processor>(
     })
 }
 
+/// What a stage reads and writes: its sources with their partition
+/// counts, its task count and every topic it writes. Laid out by
+/// [`StageLayout::of`] for Kafka and the test driver alike.
+pub(crate) struct StageLayout {
+    pub sources: Vec<SourceTopic>,
+    /// Partitions of each source topic, by name.
+    pub counts: HashMap<String, usize>,
+    /// Tasks of the stage: the partition count its sources share.
+    pub partitions: usize,
+    pub topics: StageTopics,
+}
+
+impl StageLayout {
+    /// The layout of the stage of `topology` in `role`, its sources'
+    /// partition counts given by `counts` (the broker's, or the driver's
+    /// own topics). `link_writers` has the partition count of each stage
+    /// link written by an earlier stage.
+    pub fn of<P: Processor>(
+        topology: &Topology<P::Input>,
+        role: &StageRole,
+        service_application_id: &str,
+        link_writers: &HashMap<&'static str, usize>,
+        counts: impl FnOnce(&[SourceTopic]) -> anyhow::Result<HashMap<String, usize>>,
+    ) -> anyhow::Result<Self> {
+        let sources = resolve_sources(&topology.inputs, service_application_id, link_writers)?;
+        let counts = counts(&sources)?;
+        let partitions = co_partition_count(&sources, &counts)?;
+        let topics = stage_topics::<_, P>(
+            topology,
+            service_application_id,
+            &role.application_id,
+            partitions,
+            role.late_topic.clone(),
+        )?;
+        Ok(StageLayout {
+            sources,
+            counts,
+            partitions,
+            topics,
+        })
+    }
+}
+
 /// What a stage is called and how its clock treats quiet inputs.
 pub(crate) struct StageRole {
     /// The stage's group, state directory and internal-topic prefix: the

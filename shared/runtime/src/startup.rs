@@ -19,8 +19,7 @@ use crate::delivery::Delivery;
 use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, KafkaStageParts, StageContext};
 use crate::metrics::Metrics;
 use crate::planning::{
-    co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, StageRole,
-    StageSettings, StageTopics, StageWiring,
+    wire_stage, SourceTopic, StageLayout, StageRole, StageSettings, StageTopics, StageWiring,
 };
 use crate::processor::Processor;
 use crate::query::peers::StageGroup;
@@ -174,12 +173,8 @@ fn plan_stage<P: Processor>(
     processor: P,
 ) -> anyhow::Result<StagePlan<P>> {
     let args = &env.args;
-    let StageRole {
-        application_id,
-        late_topic,
-        idleness,
-    } = StageRole::of(&env.application_id, name, args);
-    let state_dir = args.state_dir.join(&application_id);
+    let role = StageRole::of(&env.application_id, name, args);
+    let state_dir = args.state_dir.join(&role.application_id);
     // Before anything else: state this build cannot read stops it here.
     crate::state::format::check_stage_dir(&state_dir)?;
     std::fs::create_dir_all(&state_dir).map_err(|e| {
@@ -187,20 +182,27 @@ fn plan_stage<P: Processor>(
     })?;
 
     // Startup checks: broker, inputs, co-partitioning.
-    let sources = resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
-    let source_names: Vec<&str> = sources.iter().map(|s| s.topic.as_str()).collect();
-    let counts =
-        env.admin
-            .wait_for_topics(&source_names, args.topic_wait.as_std(), &env.shutdown)?;
-    let partitions = co_partition_count(&sources, &counts)?;
-
-    let topics = stage_topics::<_, P>(
-        &topology,
-        &env.application_id,
-        &application_id,
+    let StageLayout {
+        sources,
+        counts,
         partitions,
-        late_topic,
+        topics,
+    } = StageLayout::of::<P>(
+        &topology,
+        &role,
+        &env.application_id,
+        &env.link_writers,
+        |sources| {
+            let names: Vec<&str> = sources.iter().map(|s| s.topic.as_str()).collect();
+            env.admin
+                .wait_for_topics(&names, args.topic_wait.as_std(), &env.shutdown)
+        },
     )?;
+    let StageRole {
+        application_id,
+        idleness,
+        ..
+    } = role;
     let instance = match &args.instance_id {
         Some(instance) => instance.clone(),
         None => instance_id(&state_dir)?,

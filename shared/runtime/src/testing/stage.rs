@@ -11,10 +11,7 @@ use crate::clock::Clock;
 use crate::collector::Headers;
 use crate::engine::{Engine, Incoming, RecordCounts, Subscription};
 use crate::metrics::Snapshot;
-use crate::planning::{
-    co_partition_count, resolve_sources, stage_topics, wire_stage, SourceTopic, StageRole,
-    StageSettings, StageWiring,
-};
+use crate::planning::{wire_stage, StageLayout, StageRole, StageSettings, StageWiring};
 use crate::processor::Processor;
 use crate::state::store::{StateResources, TaskStore};
 use crate::topology::{Source, Topology};
@@ -245,14 +242,8 @@ pub(crate) fn driver_stage<P: Processor>(
     topology: Topology<P::Input>,
     processor: P,
 ) -> anyhow::Result<Box<dyn DriverStage>> {
-    let StageRole {
-        application_id,
-        late_topic,
-        idleness,
-    } = StageRole::of(&env.application_id, name, &env.args);
-    let sources: Vec<SourceTopic> =
-        resolve_sources(&topology.inputs, &env.application_id, &env.link_writers)?;
-    for (input, source) in topology.inputs.iter().zip(&sources) {
+    let role = StageRole::of(&env.application_id, name, &env.args);
+    for input in &topology.inputs {
         if let Source::Topic(topic) = &input.source {
             let input = InputTopic {
                 schema: input.schema,
@@ -260,23 +251,34 @@ pub(crate) fn driver_stage<P: Processor>(
             };
             env.inputs.insert(topic.clone(), input);
         }
-        let default = env.default_partitions;
-        env.partitions
-            .entry(source.topic.clone())
-            .or_insert(default);
     }
-    let counts: HashMap<String, usize> = sources
-        .iter()
-        .map(|s| (s.topic.clone(), env.partitions[&s.topic]))
-        .collect();
-    let partitions = co_partition_count(&sources, &counts)?;
-    let topics = stage_topics::<_, P>(
-        &topology,
-        &env.application_id,
-        &application_id,
+    // The driver's topics: the partitions the test asked for, else its default.
+    let (partitions_of, default) = (&mut env.partitions, env.default_partitions);
+    let StageLayout {
+        sources,
+        counts,
         partitions,
-        late_topic,
+        topics,
+    } = StageLayout::of::<P>(
+        &topology,
+        &role,
+        &env.application_id,
+        &env.link_writers,
+        |sources| {
+            Ok(sources
+                .iter()
+                .map(|source| {
+                    let count = *partitions_of.entry(source.topic.clone()).or_insert(default);
+                    (source.topic.clone(), count)
+                })
+                .collect())
+        },
     )?;
+    let StageRole {
+        application_id,
+        idleness,
+        ..
+    } = role;
     env.partitions.insert(
         topics.output.clone(),
         topics.link_partitions.unwrap_or(partitions),
