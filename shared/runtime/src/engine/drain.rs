@@ -132,6 +132,12 @@ impl<P: Processor> Engine<P> {
     /// Lets waiting inputs go, idle partitions move watermarks and wall-clock
     /// timers fire; `flush` as in [`Engine::handle`].
     pub fn tick(&mut self, flush: Flush<'_>) -> anyhow::Result<()> {
+        self.tick_tasks(&mut *flush)?;
+        self.send_output(flush);
+        Ok(())
+    }
+
+    fn tick_tasks(&mut self, flush: Flush<'_>) -> anyhow::Result<()> {
         self.backlog = false;
         self.complete_jobs(false)?;
         let partitions: Vec<i32> = self.tasks.keys().copied().collect();

@@ -150,7 +150,7 @@ pub(crate) struct Engine<P: Processor> {
     /// rebalance), to run again as they are if the assignment that follows
     /// gives them back (see [`Engine::suspend_tasks`]).
     suspended: BTreeMap<i32, Task<P>>,
-    pub(crate) collector: Collector,
+    collector: Collector,
     output: OutputEncoder,
     side: SideTopics,
     registry: Registry,
@@ -260,8 +260,28 @@ impl<P: Processor> Engine<P> {
     }
 
     /// Handles one consumed record; `flush` is handed the collected records
-    /// during a long drain (see [`FLUSH_EVERY`](drain::FLUSH_EVERY)).
+    /// during a long drain (see [`FLUSH_EVERY`](drain::FLUSH_EVERY)) and
+    /// at the end.
     pub fn handle(&mut self, message: Incoming<'_>, flush: Flush<'_>) -> anyhow::Result<()> {
+        self.handle_record(message, &mut *flush)?;
+        self.send_output(flush);
+        Ok(())
+    }
+
+    /// Hands what the engine collected (outputs, changelog records,
+    /// announcements, dead letters) to `flush`: the one way records leave
+    /// the engine.
+    pub fn send_output(&mut self, flush: Flush<'_>) {
+        flush(&mut self.collector);
+    }
+
+    /// Bytes of collected records that `flush` held back (see
+    /// [`Collector::held_bytes`]).
+    pub fn held_output_bytes(&self) -> usize {
+        self.collector.held_bytes()
+    }
+
+    fn handle_record(&mut self, message: Incoming<'_>, flush: Flush<'_>) -> anyhow::Result<()> {
         let Incoming {
             subscription,
             partition,

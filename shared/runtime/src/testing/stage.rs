@@ -165,30 +165,32 @@ impl<P: Processor> DriverStage for EngineStage<P> {
     }
 
     fn drain(&mut self, sink: &mut dyn FnMut(&str, Option<i32>, StoredRecord)) {
-        self.engine.collector.drain(|record| {
-            let announcement = match record.headers {
-                Headers::Watermark(announcement) => Some(*announcement),
-                _ => None,
-            };
-            let headers = record
-                .dead_letter_headers()
-                .into_iter()
-                .flatten()
-                .map(|(key, value)| (key.to_string(), value.into_owned()))
-                .collect();
-            sink(
-                record.topic,
-                record.partition,
-                StoredRecord {
-                    sequence: 0,
-                    key: record.key.map(<[u8]>::to_vec),
-                    value: record.value.map(<[u8]>::to_vec),
-                    announcement,
-                    headers,
-                    pending: true,
-                    aborted: false,
-                },
-            );
+        self.engine.send_output(&mut |collector| {
+            collector.drain(|record| {
+                let announcement = match record.headers {
+                    Headers::Watermark(announcement) => Some(*announcement),
+                    _ => None,
+                };
+                let headers = record
+                    .dead_letter_headers()
+                    .into_iter()
+                    .flatten()
+                    .map(|(key, value)| (key.to_string(), value.into_owned()))
+                    .collect();
+                sink(
+                    record.topic,
+                    record.partition,
+                    StoredRecord {
+                        sequence: 0,
+                        key: record.key.map(<[u8]>::to_vec),
+                        value: record.value.map(<[u8]>::to_vec),
+                        announcement,
+                        headers,
+                        pending: true,
+                        aborted: false,
+                    },
+                );
+            })
         });
     }
 

@@ -36,7 +36,9 @@ impl<P: Processor> KafkaStage<P> {
         self.commit_once_handled = None;
         let positions = self.engine.prepare_commit()?;
         // Everything collected belongs to this commit: no other is in flight.
-        send(&mut self.engine.collector, &mut self.delivery, false);
+        let delivery = &mut self.delivery;
+        self.engine
+            .send_output(&mut |collector| send(collector, delivery, false));
         let generation = self.delivery.seal();
         let mut offsets = TopicPartitionList::new();
         for (subscription, partition, next) in positions {

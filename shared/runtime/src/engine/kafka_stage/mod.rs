@@ -234,16 +234,16 @@ impl<P: Processor> KafkaStage<P> {
                 timestamp: message.timestamp().to_millis(),
             },
             &mut |collector| send(collector, delivery, hold),
-        )?;
-        self.send_collected();
-        Ok(())
+        )
     }
 
     /// Moves everything the engine collected into the producer's queue,
     /// unless it must wait for the next seal (see [`Self::holds_output`]).
     fn send_collected(&mut self) {
         let hold = self.holds_output();
-        send(&mut self.engine.collector, &mut self.delivery, hold);
+        let delivery = &mut self.delivery;
+        self.engine
+            .send_output(&mut |collector| send(collector, delivery, hold));
     }
 
     /// Whether collected records must wait for the next seal, under
@@ -273,7 +273,7 @@ impl<P: Processor> KafkaStage<P> {
 
     /// Whether outputs held for the next seal have grown past their bound.
     fn holds_too_much(&self) -> bool {
-        self.engine.collector.held_bytes() > MAX_HELD_BYTES
+        self.engine.held_output_bytes() > MAX_HELD_BYTES
     }
 
     /// The topic partitions of (subscription, partition) `keys`.

@@ -47,7 +47,6 @@ impl<P: Processor> KafkaStage<P> {
         let delivery = &mut self.delivery;
         self.engine
             .tick(&mut |collector| send(collector, delivery, hold))?;
-        self.send_collected();
         self.phases.lap(Phase::Process, started);
         self.try_finish_commit(consumer)?;
         // A due commit with jobs in flight waits for them here, not in the
