@@ -114,7 +114,7 @@ pub(crate) fn describe_groups<C: ClientContext>(
     groups: &[&str],
     timeout: Duration,
 ) -> anyhow::Result<HashMap<String, GroupDescription>> {
-    let what = format!("consumer groups {}", groups.join(", "));
+    let what = format!("describe consumer groups {}", groups.join(", "));
     let names = c_strings(groups)?;
     let mut pointers: Vec<*const c_char> = names.iter().map(|name| name.as_ptr()).collect();
     let operation = rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS;
@@ -248,7 +248,7 @@ pub(crate) fn topic_ids<C: ClientContext>(
     topics: &[String],
     timeout: Duration,
 ) -> anyhow::Result<HashMap<String, String>> {
-    let what = format!("topics {}", topics.join(", "));
+    let what = format!("describe topics {}", topics.join(", "));
     let names = c_strings(topics)?;
     let mut pointers: Vec<*const c_char> = names.iter().map(|name| name.as_ptr()).collect();
     // SAFETY: the collection copies the names, and is destroyed by its guard.
@@ -327,8 +327,9 @@ pub(crate) fn cached_watermarks<C: ClientContext>(
     (error == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some((low, high))
 }
 
-/// A librdkafka object, destroyed when dropped.
-struct Owned<T>(*mut T, unsafe extern "C" fn(*mut T));
+/// A librdkafka object, destroyed when dropped: the object and its
+/// destructor.
+pub(crate) struct Owned<T>(pub(crate) *mut T, pub(crate) unsafe extern "C" fn(*mut T));
 
 impl<T> Drop for Owned<T> {
     fn drop(&mut self) {
@@ -351,7 +352,7 @@ fn c_strings<S: AsRef<str>>(names: &[S]) -> anyhow::Result<Vec<CString>> {
 ///
 /// # Safety
 /// `pointer` is null or a NUL-terminated string alive for the call.
-unsafe fn text(pointer: *const c_char) -> String {
+pub(crate) unsafe fn text(pointer: *const c_char) -> String {
     if pointer.is_null() {
         return String::new();
     }
@@ -364,9 +365,9 @@ unsafe fn text(pointer: *const c_char) -> String {
 /// Sends one admin request of `operation` on `client` (`send` starts it,
 /// given the client, the request's options and the queue its reply goes
 /// to) and waits up to `timeout` for the reply, which it returns, failed
-/// unless the request succeeded as a whole. `what` names what is asked
-/// about, for errors.
-fn request<C: ClientContext>(
+/// unless the request succeeded as a whole. `what` says what is asked
+/// (`describe topics a, b`), for errors: `cannot <what>: <cause>`.
+pub(crate) fn request<C: ClientContext>(
     client: &Client<C>,
     operation: rd::rd_kafka_admin_op_t,
     what: &str,
@@ -401,12 +402,12 @@ fn request<C: ClientContext>(
         );
         anyhow::ensure!(
             !event.0.is_null(),
-            "cannot describe {what}: no answer within {}s",
+            "cannot {what}: no answer within {}s",
             timeout.as_secs()
         );
         if rd::rd_kafka_event_error(event.0) != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
             anyhow::bail!(
-                "cannot describe {what}: {}",
+                "cannot {what}: {}",
                 text(rd::rd_kafka_event_error_string(event.0))
             );
         }

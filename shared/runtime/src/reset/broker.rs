@@ -2,7 +2,7 @@
 //! groups on the broker.
 
 use std::collections::BTreeSet;
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::CString;
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
@@ -14,6 +14,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use super::plan::{GroupState, InputTopic, InternalTopic, OffsetMove, PartitionOffsets};
 use super::position::ResetTo;
 use crate::describe::StageDescription;
+use crate::native_admin::{self, text, Owned};
 use crate::topics::Admin;
 
 /// How long a group request (describe, committed offsets, offsets for a
@@ -241,57 +242,41 @@ fn committed_topics<C: ClientContext>(
     client: &Client<C>,
     group: &str,
 ) -> anyhow::Result<BTreeSet<String>> {
-    let failed = |cause: &str| {
-        anyhow::anyhow!("cannot list the committed offsets of consumer group {group}: {cause}")
-    };
+    let what = format!("list the committed offsets of consumer group {group}");
+    let failed = |cause: &str| anyhow::anyhow!("cannot {what}: {cause}");
     let name = CString::new(group)?;
-    let native = client.native_ptr();
-    let timeout_ms = i32::try_from(REQUEST_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: the queue, the options, the request and the reply are made
-    // here for `native`, which `client` keeps alive, and destroyed by
-    // their guards; what is kept of the reply is copied out while it lives.
-    unsafe {
-        let queue = Owned(rd::rd_kafka_queue_new(native), rd::rd_kafka_queue_destroy);
-        let options = Owned(
-            rd::rd_kafka_AdminOptions_new(
-                native,
-                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS,
-            ),
-            rd::rd_kafka_AdminOptions_destroy,
-        );
-        let mut error_text = [0 as c_char; 256];
-        rd::rd_kafka_AdminOptions_set_request_timeout(
-            options.0,
-            timeout_ms,
-            error_text.as_mut_ptr(),
-            error_text.len(),
-        );
-        // No partitions: all the group has committed.
-        let request = Owned(
+    // No partitions: all the group has committed.
+    // SAFETY: the request is made here and destroyed by its guard, after
+    // the reply.
+    let list = unsafe {
+        Owned(
             rd::rd_kafka_ListConsumerGroupOffsets_new(name.as_ptr(), std::ptr::null()),
             rd::rd_kafka_ListConsumerGroupOffsets_destroy,
-        );
-        let mut requests = [request.0];
-        rd::rd_kafka_ListConsumerGroupOffsets(
-            native,
-            requests.as_mut_ptr(),
-            requests.len(),
-            options.0,
-            queue.0,
-        );
-        let event = Owned(
-            rd::rd_kafka_queue_poll(queue.0, timeout_ms.saturating_add(5_000)),
-            rd::rd_kafka_event_destroy,
-        );
-        if event.0.is_null() {
-            return Err(failed(&format!(
-                "no answer within {}s",
-                REQUEST_TIMEOUT.as_secs()
-            )));
-        }
-        if rd::rd_kafka_event_error(event.0) != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
-            return Err(failed(&text(rd::rd_kafka_event_error_string(event.0))));
-        }
+        )
+    };
+    let operation = rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS;
+    let event = native_admin::request(
+        client,
+        operation,
+        &what,
+        REQUEST_TIMEOUT,
+        |client, options, queue| {
+            let mut requests = [list.0];
+            // SAFETY: the request outlives the call, which copies it.
+            unsafe {
+                rd::rd_kafka_ListConsumerGroupOffsets(
+                    client,
+                    requests.as_mut_ptr(),
+                    requests.len(),
+                    options,
+                    queue,
+                )
+            }
+        },
+    )?;
+    // SAFETY: the results belong to `event`, alive throughout; what is
+    // kept is copied out.
+    unsafe {
         let result = rd::rd_kafka_event_ListConsumerGroupOffsets_result(event.0);
         let mut count = 0;
         let groups = rd::rd_kafka_ListConsumerGroupOffsets_result_groups(result, &mut count);
@@ -328,31 +313,4 @@ fn committed_topics<C: ClientContext>(
         }
         Ok(topics)
     }
-}
-
-/// A librdkafka object, destroyed when dropped.
-struct Owned<T>(*mut T, unsafe extern "C" fn(*mut T));
-
-impl<T> Drop for Owned<T> {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: the object came from its constructor and is
-            // destroyed once, here.
-            unsafe { (self.1)(self.0) }
-        }
-    }
-}
-
-/// A string librdkafka owns, copied (empty for none).
-///
-/// # Safety
-/// `pointer` is null or a NUL-terminated string alive for the call.
-unsafe fn text(pointer: *const c_char) -> String {
-    if pointer.is_null() {
-        return String::new();
-    }
-    // SAFETY: as the caller promises.
-    unsafe { CStr::from_ptr(pointer) }
-        .to_string_lossy()
-        .into_owned()
 }

@@ -1,170 +1,83 @@
-//! The hand-written date, time and duration parsing of `reset`'s
-//! `--to-datetime` and `--by-duration`, and the ISO 8601 rendering of a
-//! time in its output: on their own here, so that they can be replaced
-//! as a whole.
+//! The dates, times and durations of `reset`'s `--to-datetime` and
+//! `--by-duration`, and the ISO 8601 rendering of a time in its output:
+//! jiff's ISO 8601 (RFC 3339, RFC 9557) parsers and calendar, with the
+//! reset's own rules on top (a time of day is needed, UTC without an
+//! offset, no time zone names).
+
+use jiff::civil::DateTime;
+use jiff::fmt::temporal::{Pieces, SpanParser};
+use jiff::tz::Offset;
+use jiff::{SignedDuration, SpanRelativeTo};
 
 use crate::duration::HumanDuration;
 
-/// Milliseconds since the epoch from `YYYY-MM-DDTHH:MM:SS[.fff]` with an
-/// optional `Z` or `±HH:MM` (UTC without one).
+/// The epoch as a date and time in UTC. Times are counted from it on the
+/// civil calendar (years -9999 to 9999), which reaches the end of 9999
+/// where jiff's `Timestamp` stops a day short.
+const EPOCH: DateTime = DateTime::constant(1970, 1, 1, 0, 0, 0, 0);
+
+/// Milliseconds since the epoch of an ISO 8601 date and time:
+/// `YYYY-MM-DDTHH:MM:SS`, the seconds and a fraction (`.` or `,`, up to
+/// nine digits, cut to milliseconds) optional, `T`, `t` or a space between
+/// date and time, or the basic form `YYYYMMDDTHHMMSS`; then `Z` or an
+/// offset (`±HH`, `±HHMM`, `±HH:MM`, `±HH:MM:SS`, under a day), UTC
+/// without one. A leap second (`:60`) is read as `:59`. A time zone name
+/// (`[Europe/Paris]`) is refused: there is no time zone database here.
 pub(super) fn parse_datetime(text: &str) -> Result<i64, String> {
-    let invalid = || {
+    let invalid = |reason: &dyn std::fmt::Display| {
         format!(
-            "invalid date and time '{text}': expected YYYY-MM-DDTHH:MM:SS, optionally with \
-             .fff and Z or an offset such as +01:00 (UTC without one)"
+            "invalid date and time '{text}' ({reason}): expected YYYY-MM-DDTHH:MM:SS, \
+             optionally with .fff and Z or an offset such as +01:00 (UTC without one)"
         )
     };
-    let (date, rest) = text.split_once(['T', ' ']).ok_or_else(invalid)?;
-    let (time, zone_offset_minutes) = match rest.find(['Z', 'z', '+', '-']) {
-        None => (rest, 0),
-        Some(at) => (&rest[..at], parse_zone(&rest[at..]).ok_or_else(invalid)?),
-    };
-    let numbers = |part: &str, separator: char| -> Option<Vec<i64>> {
-        part.split(separator).map(|n| n.parse().ok()).collect()
-    };
-    let [year, month, day] = numbers(date, '-').ok_or_else(invalid)?[..] else {
-        return Err(invalid());
-    };
-    let (time, fraction) = time.split_once('.').unwrap_or((time, ""));
-    let [hour, minute, second] = numbers(time, ':').ok_or_else(invalid)?[..] else {
-        return Err(invalid());
-    };
-    let in_range = (1..=12).contains(&month)
-        && (1..=days_in_month(year, month)).contains(&day)
-        && (0..24).contains(&hour)
-        && (0..60).contains(&minute)
-        && (0..60).contains(&second)
-        && fraction.chars().all(|c| c.is_ascii_digit());
-    if !in_range {
-        return Err(invalid());
+    let pieces = Pieces::parse(text).map_err(|error| invalid(&error))?;
+    let time = pieces.time().ok_or_else(|| invalid(&"no time of day"))?;
+    if pieces.time_zone_annotation().is_some() {
+        return Err(invalid(&"a time zone name, where only an offset is taken"));
     }
-    let millis: i64 = format!("{fraction:0<3}")[..3].parse().unwrap_or(0);
-    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second
-        - zone_offset_minutes * 60;
-    Ok(seconds * 1_000 + millis)
+    let offset = pieces
+        .offset()
+        .map_or(Offset::UTC, |offset| offset.to_numeric_offset())
+        .duration_since(Offset::UTC);
+    if offset.abs() >= SignedDuration::from_hours(24) {
+        return Err(invalid(&"an offset of a day or more"));
+    }
+    let since_epoch = pieces.date().to_datetime(time).duration_since(EPOCH) - offset;
+    // Whole milliseconds, down: a fraction is cut, before the epoch too.
+    let millis = since_epoch.as_nanos().div_euclid(1_000_000);
+    i64::try_from(millis).map_err(|_| invalid(&"out of range"))
 }
 
-/// `Z`, or `±HH:MM` / `±HHMM` / `±HH`, in minutes east of UTC.
-fn parse_zone(zone: &str) -> Option<i64> {
-    if zone.eq_ignore_ascii_case("z") {
-        return Some(0);
-    }
-    let sign = if zone.starts_with('-') { -1 } else { 1 };
-    let digits: String = zone[1..].chars().filter(|c| *c != ':').collect();
-    if digits.len() != 2 && digits.len() != 4 || !digits.chars().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    let hours: i64 = digits[..2].parse().ok()?;
-    let minutes: i64 = digits
-        .get(2..)
-        .filter(|m| !m.is_empty())
-        .map_or(Some(0), |m| m.parse().ok())?;
-    (hours < 24 && minutes < 60).then_some(sign * (hours * 60 + minutes))
-}
-
-fn days_in_month(year: i64, month: i64) -> i64 {
-    match month {
-        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
-/// `days_from_civil`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
-}
-
-/// `YYYY-MM-DDTHH:MM:SS.fffZ` of milliseconds since the epoch (Howard
-/// Hinnant's `civil_from_days`).
+/// `YYYY-MM-DDTHH:MM:SS.fffZ` of milliseconds since the epoch; a time
+/// outside years -9999 to 9999 (a duration back of thousands of years) as
+/// milliseconds.
 pub(super) fn iso_utc(millis: i64) -> String {
-    let days = millis.div_euclid(86_400_000);
-    let in_day = millis.rem_euclid(86_400_000);
-    let shifted = days + 719_468;
-    let era = shifted.div_euclid(146_097);
-    let day_of_era = shifted - era * 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        in_day / 3_600_000,
-        in_day / 60_000 % 60,
-        in_day / 1_000 % 60,
-        in_day % 1_000
-    )
+    match EPOCH.checked_add(SignedDuration::from_millis(millis)) {
+        Ok(time) => format!("{time:.3}Z"),
+        Err(_) => format!("{millis} ms since 1970-01-01T00:00:00.000Z"),
+    }
 }
 
-/// A duration back from now: ISO 8601 (`PT1H`, `P2DT3H4M5.5S`, as
-/// Kafka's reset tool takes) or the runtime's own (`1h`, `90m`).
+/// A duration back from now: ISO 8601 (`PT1H`, `P2DT3H4M5.5S`, `P1W`;
+/// weeks and days of 24 hours, no years or months; a fraction on the last
+/// unit) or the runtime's own (`1h`, `90m`).
 pub(super) fn parse_lookback(text: &str) -> Result<HumanDuration, String> {
-    match text.strip_prefix(['P', 'p']) {
-        Some(iso) => parse_iso_duration(iso).ok_or_else(|| {
-            format!(
-                "invalid duration '{text}': expected ISO 8601 PnDTnHnMn.nS (e.g. PT1H) or a \
-                 whole number followed by ms, s, m, h or d (e.g. 1h)"
-            )
-        }),
-        None => text.parse(),
+    if !text.starts_with(['P', 'p']) {
+        return text.parse();
     }
-}
-
-/// The part of an ISO 8601 duration after `P`: `nD`, then `T` with `nH`,
-/// `nM`, `n.nS`, each at most once and in that order.
-fn parse_iso_duration(text: &str) -> Option<HumanDuration> {
-    let (days, time) = match text.split_once(['T', 't']) {
-        Some((days, time)) if !time.is_empty() => (days, Some(time)),
-        Some(_) => return None,
-        None => (text, None),
+    let invalid = || {
+        format!(
+            "invalid duration '{text}': expected ISO 8601 PnWnDTnHnMn.nS (e.g. PT1H) or a \
+             whole number followed by ms, s, m, h or d (e.g. 1h)"
+        )
     };
-    let mut millis: u64 = 0;
-    let mut add = |part: &str, units: &[(char, u64)]| -> Option<()> {
-        let mut rest = part;
-        let mut allowed = units;
-        while !rest.is_empty() {
-            let end = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
-            let (number, tail) = rest.split_at(end);
-            let unit = tail.chars().next()?.to_ascii_uppercase();
-            let position = allowed.iter().position(|(name, _)| *name == unit)?;
-            let size = allowed[position].1;
-            allowed = &allowed[position + 1..];
-            let amount = match number.split_once('.') {
-                Some((whole, fraction)) if unit == 'S' && !fraction.is_empty() => {
-                    let fraction = format!("{fraction:0<3}");
-                    whole.parse::<u64>().ok()?.checked_mul(1_000)?
-                        + fraction.get(..3)?.parse::<u64>().ok()?
-                }
-                Some(_) => return None,
-                None => number.parse::<u64>().ok()?.checked_mul(size)?,
-            };
-            millis = millis.checked_add(amount)?;
-            rest = &tail[1..];
-        }
-        Some(())
-    };
-    if days.is_empty() && time.is_none() {
-        return None;
-    }
-    add(days, &[('D', 86_400_000)])?;
-    if let Some(time) = time {
-        add(time, &[('H', 3_600_000), ('M', 60_000), ('S', 1_000)])?;
-    }
-    Some(HumanDuration::from_millis(millis))
+    let span = SpanParser::new().parse_span(text).map_err(|_| invalid())?;
+    let duration = span
+        .to_duration(SpanRelativeTo::days_are_24_hours())
+        .map_err(|_| invalid())?;
+    // Without a sign (it would not start with P) it is not negative.
+    let millis = u64::try_from(duration.as_millis()).map_err(|_| invalid())?;
+    Ok(HumanDuration::from_millis(millis))
 }
 
 #[cfg(test)]
@@ -177,6 +90,7 @@ mod tests {
     fn date_times_are_utc_unless_they_carry_an_offset() {
         assert_eq!(parse_datetime("1970-01-01T00:00:00Z"), Ok(0));
         assert_eq!(parse_datetime("2026-12-01T00:00:00"), Ok(NOW));
+        assert_eq!(parse_datetime("2026-12-01 00:00:00z"), Ok(NOW));
         assert_eq!(parse_datetime("2026-12-01T00:00:00.5Z"), Ok(NOW + 500));
         assert_eq!(parse_datetime("2026-12-01T00:00:00.123456Z"), Ok(NOW + 123));
         assert_eq!(
@@ -185,23 +99,70 @@ mod tests {
             "an hour and a half east of UTC"
         );
         assert_eq!(parse_datetime("2026-11-30T19:00:00-0500"), Ok(NOW));
+        assert_eq!(parse_datetime("2026-12-01T02:00:00+02"), Ok(NOW));
+        assert_eq!(parse_datetime("2026-12-01T00:00:00-00:00"), Ok(NOW));
         assert_eq!(
             parse_datetime("2024-02-29T12:00:00Z"),
             Ok(1_709_208_000_000)
+        );
+        assert_eq!(parse_datetime("1969-12-31T23:59:59.5Z"), Ok(-500));
+        assert_eq!(
+            parse_datetime("1969-12-31T23:59:59.9995Z"),
+            Ok(-1),
+            "down to the millisecond before the epoch too"
+        );
+        assert_eq!(
+            parse_datetime("9999-12-31T23:59:59.999Z"),
+            Ok(253_402_300_799_999)
         );
         for bad in [
             "2026-12-01",
             "2026-13-01T00:00:00Z",
             "2025-02-29T00:00:00Z",
             "2026-12-01T24:00:00Z",
-            "2026-12-01T00:00Z",
             "2026-12-01T00:00:00+25:00",
+            "2026-12-01T00:00:00+24:00",
+            "2026-12-01T00:00:00+1",
+            "2026-12-01T00:00:00[Europe/Paris]",
+            "2026-12-01T00:00:00+01:00[Europe/Paris]",
+            " 2026-12-01T00:00:00Z",
             "yesterday",
         ] {
-            assert!(parse_datetime(bad).is_err(), "{bad} is refused");
+            let error = parse_datetime(bad).expect_err(bad);
+            assert!(
+                error.starts_with(&format!("invalid date and time '{bad}' (")),
+                "{error}"
+            );
         }
+    }
+
+    /// What ISO 8601 allows besides the extended form with seconds.
+    #[test]
+    fn date_times_take_the_other_iso_8601_forms() {
+        for (text, expected) in [
+            ("2026-12-01T00:00Z", NOW),
+            ("2026-12-01T01+01", NOW),
+            ("2026-12-01t00:00:00Z", NOW),
+            ("20261201T000000Z", NOW),
+            ("2026-12-01T00:00:00,25Z", NOW + 250),
+            ("2026-12-01T01:00:30+01:00:30", NOW),
+            ("+002026-12-01T00:00:00Z", NOW),
+            ("2026-11-30T23:59:60Z", NOW - 1_000),
+        ] {
+            assert_eq!(parse_datetime(text), Ok(expected), "{text}");
+        }
+    }
+
+    #[test]
+    fn times_are_written_in_utc_to_the_millisecond() {
         assert_eq!(iso_utc(NOW + 1_234), "2026-12-01T00:00:01.234Z");
         assert_eq!(iso_utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso_utc(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(iso_utc(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(
+            iso_utc(i64::MIN),
+            "-9223372036854775808 ms since 1970-01-01T00:00:00.000Z"
+        );
     }
 
     #[test]
@@ -211,11 +172,26 @@ mod tests {
         assert_eq!(millis("P1D"), Ok(86_400_000));
         assert_eq!(millis("P1DT2H3M4.5S"), Ok(93_784_500));
         assert_eq!(millis("pt30m"), Ok(1_800_000));
+        assert_eq!(millis("PT1.123456S"), Ok(1_123));
+        assert_eq!(millis("P0D"), Ok(0));
         assert_eq!(millis("1h"), Ok(3_600_000));
         assert_eq!(millis("7d"), Ok(604_800_000));
+        // ISO 8601 besides days to seconds: weeks, a fraction on the last
+        // unit, a comma for the point.
+        assert_eq!(millis("P1W"), Ok(604_800_000));
+        assert_eq!(millis("P1W1D"), Ok(691_200_000));
+        assert_eq!(millis("PT1.5M"), Ok(90_000));
+        assert_eq!(millis("PT1,5S"), Ok(1_500));
         for bad in [
-            "P", "PT", "PT1M1H", "P1H", "PT1.5M", "PT-1H", "P1W", "1 hour",
+            "P", "PT", "P1DT", "PT1M1H", "P1H", "PT-1H", "P1Y", "P1M", "PT.5S",
         ] {
+            let error = parse_lookback(bad).expect_err(bad);
+            assert!(
+                error.starts_with(&format!("invalid duration '{bad}': expected ISO 8601")),
+                "{error}"
+            );
+        }
+        for bad in ["-PT1H", "1 hour"] {
             assert!(parse_lookback(bad).is_err(), "{bad} is refused");
         }
     }

@@ -72,14 +72,16 @@ pub enum ResetTo {
 }
 
 impl PositionArgs {
-    /// The target, with `--by-duration` taken back from `now` (ms since the epoch).
+    /// The target, with `--by-duration` taken back from `now` (ms since the
+    /// epoch). A time before the epoch is the epoch: the broker's offset
+    /// lookup reads a negative time as "latest" (-1) or "earliest" (-2).
     pub fn target(&self, now: i64) -> ResetTo {
         if self.to_latest {
             ResetTo::Latest
         } else if let Some(time) = self.to_datetime {
-            ResetTo::Time(time)
+            ResetTo::Time(time.max(0))
         } else if let Some(lookback) = self.by_duration {
-            ResetTo::Time(now.saturating_sub(lookback.as_millis_i64()))
+            ResetTo::Time(now.saturating_sub(lookback.as_millis_i64()).max(0))
         } else if let Some(records) = self.shift_by {
             ResetTo::Shift(records)
         } else if let Some(offset) = self.to_offset {
@@ -211,6 +213,16 @@ mod tests {
         let path = std::env::temp_dir().join(format!("reset-{name}-{}.csv", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path.to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn a_time_before_the_epoch_is_the_epoch() {
+        let target = |flags: &[&str]| parse(flags).unwrap().position.target(NOW);
+        assert_eq!(
+            target(&["--to-datetime", "1969-12-31T23:59:59.999Z"]),
+            ResetTo::Time(0)
+        );
+        assert_eq!(target(&["--by-duration", "P25000D"]), ResetTo::Time(0));
     }
 
     #[test]
