@@ -95,7 +95,7 @@ fn declared_store(store: &TaskStore, name: &str) -> StoreIndex {
 }
 
 /// A task's committed state, read while its timers are derived (see
-/// [`Processor::derive_timers`]).
+/// [`Processor::DERIVE_TIMERS`]).
 pub struct StateView<'a> {
     pub(crate) store: &'a TaskStore,
 }
@@ -132,7 +132,7 @@ impl StateView<'_> {
     }
 }
 
-/// Where [`Processor::derive_timers`] sets a task's timers.
+/// Where a [`DeriveTimers`] function sets a task's timers.
 pub struct DerivedTimers<'a, P: Processor> {
     pub(crate) timers: &'a mut TaskTimers,
     pub(crate) _processor: PhantomData<fn(&P)>,
