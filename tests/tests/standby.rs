@@ -28,6 +28,36 @@ fn user_of(record: &Value) -> &str {
     record["key"].as_str().expect("string keys")
 }
 
+/// Starts `count` sessionizers with `arguments`, each on its own state.
+fn start_instances(arguments: &[String], count: usize) -> Vec<Service> {
+    (0..count)
+        .map(|_| {
+            let instance = Service::start_with_state("sessionizer", arguments, fresh_state_dir());
+            // `free_port` only knows the port is free now: the next instance
+            // picks its own once this one listens on it (else both can get it).
+            assert!(
+                eventually(Duration::from_secs(60), || http_get(
+                    instance.http_port,
+                    "/metrics"
+                )
+                .is_some()),
+                "no /metrics:\n{}",
+                instance.log()
+            );
+            instance
+        })
+        .collect()
+}
+
+/// Every instance's log, each under its file's name.
+fn logs(instances: &[Service]) -> String {
+    instances
+        .iter()
+        .map(|s| format!("--- {}:\n{}", s.log_path().display(), s.log()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The log lines of `log` that report a changelog restore.
 fn restores(log: &str) -> String {
     log.lines()
@@ -142,32 +172,10 @@ fn a_killed_instance_s_tasks_move_to_their_standbys_and_restore_only_the_tail() 
         "--kafka",
         "heartbeat.interval.ms=1000",
     ]);
-    let mut instances: Vec<Service> = Vec::new();
-    for _ in 0..INSTANCES {
-        let instance = Service::start_with_state("sessionizer", &arguments, fresh_state_dir());
-        // `free_port` only knows the port is free now: the next instance
-        // picks its own once this one listens on it (else both can get it).
-        assert!(
-            eventually(Duration::from_secs(60), || http_get(
-                instance.http_port,
-                "/metrics"
-            )
-            .is_some()),
-            "no /metrics:\n{}",
-            instance.log()
-        );
-        instances.push(instance);
-    }
+    let mut instances = start_instances(&arguments, INSTANCES);
     for instance in &instances {
         instance.wait_ready(Duration::from_secs(60));
     }
-    let logs = |instances: &[Service]| {
-        instances
-            .iter()
-            .map(|s| format!("--- {}:\n{}", s.log_path().display(), s.log()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
 
     // The range assignor gives each instance two consecutive tasks. The
     // input comes once they hold them: produced before, the first instance
@@ -403,32 +411,13 @@ fn a_changelog_record_of_a_newer_format_stops_only_that_standby() {
         "--standby-replicas",
         "1",
     ]);
-    let mut instances: Vec<Service> = Vec::new();
-    for _ in 0..TASKS {
-        let instance = Service::start_with_state("sessionizer", &arguments, fresh_state_dir());
-        assert!(
-            eventually(Duration::from_secs(60), || http_get(
-                instance.http_port,
-                "/metrics"
-            )
-            .is_some()),
-            "no /metrics:\n{}",
-            instance.log()
-        );
-        instances.push(instance);
-    }
+    let mut instances = start_instances(&arguments, TASKS);
     let placed = eventually(Duration::from_secs(90), || {
         instances.iter().all(|instance| {
             instance.open_tasks::<usize>().len() == 1
                 && instance.metric("streams_standby_tasks") == 1.0
         })
     });
-    let logs = |instances: &[Service]| {
-        (instances.iter())
-            .map(|s| format!("--- {}:\n{}", s.log_path().display(), s.log()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     assert!(
         placed,
         "each instance owns one task and keeps the other's standby:\n{}",

@@ -727,12 +727,17 @@ mod tests {
         assert!(metrics.is_ready());
     }
 
+    /// Two processing threads of the first stage.
+    fn two_threads(metrics: &Arc<Metrics>) -> Vec<StageMetrics> {
+        (0..2)
+            .map(|thread| metrics.add_thread(None, Some(thread)))
+            .collect()
+    }
+
     #[test]
     fn threads_of_a_stage_are_labelled_and_readiness_needs_every_thread() {
         let metrics = Arc::new(Metrics::default());
-        let threads: Vec<StageMetrics> = (0..2)
-            .map(|thread| metrics.add_thread(None, Some(thread)))
-            .collect();
+        let threads = two_threads(&metrics);
         for thread in &threads {
             let mut snapshot = Snapshot::default();
             snapshot.add(COMMITS, vec![], 3);
@@ -753,6 +758,7 @@ mod tests {
         threads[1].set_ready(true);
         assert!(metrics.is_ready());
     }
+
     #[test]
     fn a_thread_without_progress_past_the_timeout_fails_liveness_until_it_progresses() {
         let metrics = Arc::new(Metrics::with_liveness_timeout(Some(Duration::from_millis(
@@ -785,9 +791,7 @@ mod tests {
     #[test]
     fn a_failed_process_shows_every_thread_in_error() {
         let metrics = Arc::new(Metrics::default());
-        let threads: Vec<StageMetrics> = (0..2)
-            .map(|thread| metrics.add_thread(None, Some(thread)))
-            .collect();
+        let threads = two_threads(&metrics);
         for thread in &threads {
             let mut snapshot = Snapshot::default();
             ThreadState::Running.export(&mut snapshot);

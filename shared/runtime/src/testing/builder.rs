@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::{DriverEnv, MemoryTopic, TempDir, TestDriver, START_EPOCH_MS};
+use crate::app::Pipeline;
 use crate::avro::Registry;
 use crate::clock::Clock;
-use crate::Pipeline;
 
 /// Options of a [`TestDriver`] beyond what the pipeline's flags say.
 pub struct TestDriverBuilder {

@@ -133,11 +133,11 @@ pub const START_EPOCH_MS: i64 = 1_704_067_200_000;
 /// The common flags parsed from `flags` (say `["--late-topic", "late"]`),
 /// for pipelines built in tests from a topology rather than from a
 /// service's own settings.
-pub fn runtime_args(flags: &[&str]) -> anyhow::Result<crate::RuntimeArgs> {
+pub fn runtime_args(flags: &[&str]) -> anyhow::Result<crate::config::RuntimeArgs> {
     #[derive(clap::Parser)]
     struct Flags {
         #[command(flatten)]
-        runtime: crate::RuntimeArgs,
+        runtime: crate::config::RuntimeArgs,
     }
     let argv = std::iter::once("test").chain(flags.iter().copied());
     Ok(<Flags as clap::Parser>::try_parse_from(argv)?.runtime)

@@ -226,7 +226,7 @@ pub(crate) struct DriverEnv {
     pub(crate) link_writers: HashMap<&'static str, usize>,
     /// The input topics, for piping JSON.
     pub(crate) inputs: HashMap<String, InputTopic>,
-    pub(crate) args: crate::RuntimeArgs,
+    pub(crate) args: crate::config::RuntimeArgs,
 }
 
 /// How [`TestDriver::pipe`] writes JSON to one input topic: with the topic's

@@ -11,7 +11,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::state_updater::OpenedTask;
-use super::store_opening::CommittedInput;
+use super::store_opening::{committed_list, offsets_in, CommittedInput};
 use super::KafkaStage;
 use crate::client::statistics::ClientStatistics;
 use crate::config::ProcessingGuarantee;
@@ -402,39 +402,4 @@ fn committed_for<P: Processor>(
 ) -> anyhow::Result<Vec<Option<i64>>> {
     let committed = committed_list(consumer, topics, partition)?;
     Ok(offsets_in(&committed, topics, partition))
-}
-
-/// The offset of each of `topics` at `partition` in `committed`, by topic;
-/// `None` where nothing is committed.
-pub(super) fn offsets_in(
-    committed: &TopicPartitionList,
-    topics: &[&str],
-    partition: i32,
-) -> Vec<Option<i64>> {
-    topics
-        .iter()
-        .map(|topic| {
-            match committed
-                .find_partition(topic, partition)
-                .map(|e| e.offset())
-            {
-                Some(Offset::Offset(offset)) => Some(offset),
-                _ => None,
-            }
-        })
-        .collect()
-}
-
-/// The group's committed offsets (with their metadata) of `topics` at
-/// `partition`.
-pub(super) fn committed_list<P: Processor>(
-    consumer: &GroupConsumer<P>,
-    topics: &[&str],
-    partition: i32,
-) -> anyhow::Result<TopicPartitionList> {
-    let mut request = TopicPartitionList::new();
-    for topic in topics {
-        request.add_partition(topic, partition);
-    }
-    Ok(consumer.committed_offsets(request, Duration::from_secs(30))?)
 }

@@ -5,15 +5,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
-use super::rebalance::{committed_list, offsets_in};
-use super::GroupConsumer;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::{Offset, TopicPartitionList};
+
 use crate::config::ProcessingGuarantee;
-use crate::processor::Processor;
 use crate::restore::{ChangelogReach, Restorer, StaleLocalState};
 use crate::state::store::{StateResources, TaskStore};
 use crate::task::stored_positions;
-use rdkafka::Offset;
 
 /// The group's last commit of a task's input offsets, read on the
 /// processing thread (which owns the group consumer) and handed to the
@@ -31,8 +31,8 @@ pub(super) struct CommittedInput {
 impl CommittedInput {
     /// Reads the group's committed offsets of `topics` at `partition`, with
     /// the reach of a task of `stores` stores.
-    pub(super) fn read<P: Processor>(
-        consumer: &GroupConsumer<P>,
+    pub(super) fn read<C: ConsumerContext>(
+        consumer: &BaseConsumer<C>,
         topics: &[&str],
         partition: i32,
         stores: usize,
@@ -252,6 +252,41 @@ pub(super) fn opening_without_reach(local: &[Option<i64>], committed: &[Option<i
     } else {
         Opening::Trust
     }
+}
+
+/// The offset of each of `topics` at `partition` in `committed`, by topic;
+/// `None` where nothing is committed.
+pub(super) fn offsets_in(
+    committed: &TopicPartitionList,
+    topics: &[&str],
+    partition: i32,
+) -> Vec<Option<i64>> {
+    topics
+        .iter()
+        .map(|topic| {
+            match committed
+                .find_partition(topic, partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(offset)) => Some(offset),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The group's committed offsets (with their metadata) of `topics` at
+/// `partition`.
+pub(super) fn committed_list<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topics: &[&str],
+    partition: i32,
+) -> anyhow::Result<TopicPartitionList> {
+    let mut request = TopicPartitionList::new();
+    for topic in topics {
+        request.add_partition(topic, partition);
+    }
+    Ok(consumer.committed_offsets(request, Duration::from_secs(30))?)
 }
 
 #[cfg(test)]
