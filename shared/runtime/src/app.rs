@@ -364,6 +364,9 @@ impl Pipeline {
         serve_operations(runtime, self.args.http_addr, &metrics)?;
         // librdkafka logs errors only (the runtime reports what matters).
         let client = self.args.client.settings(&[("log_level", "3")])?;
+        for notice in &client.notices {
+            tracing::warn!("{notice}");
+        }
         let admin = Admin::wait_for_brokers(
             &client.kafka,
             runtime.handle().clone(),

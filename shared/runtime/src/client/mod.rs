@@ -117,6 +117,51 @@ pub struct ClientSettings {
     /// What every librdkafka client of the process starts from.
     pub kafka: ClientConfig,
     pub registry: RegistrySettings,
+    /// What the user gave that a service does not take as given, each
+    /// with why: a property the runtime sets itself, or a
+    /// `bootstrap.servers` that wins over `--bootstrap-servers`.
+    pub notices: Vec<String>,
+}
+
+/// Properties the runtime sets on a service's clients over any value given
+/// (its guarantees rest on them), with the flag that sets them where one
+/// does.
+const SET_BY_THE_RUNTIME: &[(&str, Option<&str>)] = &[
+    ("group.id", Some("--application-id")),
+    ("client.id", None),
+    ("group.instance.id", Some("--instance-id")),
+    ("enable.auto.commit", None),
+    ("enable.auto.offset.store", None),
+    ("auto.offset.reset", None),
+    ("isolation.level", None),
+    ("enable.partition.eof", None),
+    ("partition.assignment.strategy", None),
+    ("group.protocol", Some("--group-protocol")),
+    ("enable.idempotence", None),
+    ("partitioner", None),
+    ("transactional.id", None),
+    ("queue.buffering.max.messages", None),
+    ("compression.type", Some("--compression-type")),
+];
+
+/// Why each of `properties` (given by the user) is not taken as given.
+fn notices(properties: &[(String, String)], bootstrap_servers: &str) -> Vec<String> {
+    let mut notices = Vec::new();
+    for (key, value) in properties {
+        if let Some((_, flag)) = SET_BY_THE_RUNTIME.iter().find(|(owned, _)| owned == key) {
+            let instead = flag.map_or_else(String::new, |flag| format!("; set it with {flag}"));
+            notices.push(format!(
+                "the property {key} is ignored: the runtime sets it on its clients{instead}"
+            ));
+        }
+        if key == "bootstrap.servers" && value != bootstrap_servers {
+            notices.push(format!(
+                "the property bootstrap.servers={value} wins over --bootstrap-servers \
+                 {bootstrap_servers}"
+            ));
+        }
+    }
+    notices
 }
 
 impl ClientArgs {
@@ -131,6 +176,7 @@ impl ClientArgs {
         properties.extend(env_properties(std::env::vars()));
         properties.extend(self.kafka_properties.iter().cloned());
         remember_secrets(&properties);
+        let notices = notices(&properties, &self.bootstrap_servers);
 
         let mut kafka = ClientConfig::new();
         kafka.set("bootstrap.servers", &self.bootstrap_servers);
@@ -150,7 +196,11 @@ impl ClientArgs {
             }
         }
         registry.check()?;
-        Ok(ClientSettings { kafka, registry })
+        Ok(ClientSettings {
+            kafka,
+            registry,
+            notices,
+        })
     }
 }
 
@@ -456,6 +506,29 @@ mod tests {
             "auth with [redacted] and [redacted] or [redacted] failed"
         );
         assert_eq!(redact("sasl.username=file"), "sasl.username=file");
+    }
+
+    #[test]
+    fn properties_the_runtime_sets_and_a_second_bootstrap_are_noticed() {
+        let args = ClientArgs {
+            bootstrap_servers: "b:1".into(),
+            schema_registry_url: "http://r".into(),
+            kafka_config_file: None,
+            kafka_properties: [
+                ("compression.type", "gzip"),
+                ("group.id", "mine"),
+                ("linger.ms", "20"),
+                ("bootstrap.servers", "c:2"),
+            ]
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .into(),
+        };
+        let notices = args.settings(&[]).unwrap().notices;
+        assert_eq!(notices.len(), 3, "{notices:?}");
+        assert!(notices[0].contains("compression.type is ignored"));
+        assert!(notices[0].ends_with("set it with --compression-type"));
+        assert!(notices[1].contains("group.id is ignored"));
+        assert!(notices[2].contains("bootstrap.servers=c:2 wins over --bootstrap-servers b:1"));
     }
 
     #[test]
