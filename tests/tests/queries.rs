@@ -369,7 +369,7 @@ fn sessionizer_answers_every_key_from_either_instance_and_after_a_kill_9_of_an_o
 }
 
 #[test]
-fn the_order_shipment_joiner_answers_both_stores_with_a_token_and_positions() {
+fn the_order_shipment_joiner_answers_both_stores_with_a_token_that_can_change_and_positions() {
     let orders = unique("orders");
     let shipments = unique("shipments");
     create_topic(&orders, PARTITIONS);
@@ -441,6 +441,16 @@ fn the_order_shipment_joiner_answers_both_stores_with_a_token_and_positions() {
     assert_eq!(query_settled(first.port, "/stores", None).0, 401);
     assert_eq!(query_settled(first.port, "/stores", Some("wrong")).0, 401);
     assert_eq!(query_settled(first.port, "/stores", Some(token)).0, 200);
+
+    // A new token in the file (a Secret updated in place) is taken up by
+    // both instances without a restart, forwarded queries included, and
+    // the old one is refused.
+    let rotated = "r0tated-token";
+    std::fs::write(&token_file, format!("{rotated}\n")).unwrap();
+    check_keys(first.port, "shipments", &expected_shipments, Some(rotated));
+    check_keys(second.port, "orders", &expected_orders, Some(rotated));
+    assert_eq!(query_settled(first.port, "/stores", Some(token)).0, 401);
+    assert!(first.service.log().contains("the token file changed"));
 }
 
 #[test]

@@ -123,20 +123,11 @@ impl QueryArgs {
     }
 
     /// The bearer token, read from its file.
-    pub(crate) fn token(&self) -> anyhow::Result<Option<String>> {
-        let Some(path) = &self.query_token_file else {
-            return Ok(None);
-        };
-        let token = std::fs::read_to_string(path).map_err(|e| {
-            anyhow::anyhow!("cannot read --query-token-file {}: {e}", path.display())
-        })?;
-        let token = token.trim().to_string();
-        anyhow::ensure!(
-            !token.is_empty(),
-            "--query-token-file {} is empty",
-            path.display()
-        );
-        Ok(Some(token))
+    pub(crate) fn token(&self) -> anyhow::Result<Option<QueryToken>> {
+        self.query_token_file
+            .as_ref()
+            .map(|path| QueryToken::read(path.clone()))
+            .transpose()
     }
 
     /// The listener's TLS acceptor, with `--query-tls-cert-file`.
@@ -174,6 +165,59 @@ impl QueryArgs {
         builder
             .build()
             .map_err(|e| anyhow::anyhow!("cannot build the query forwarding client: {e}"))
+    }
+}
+
+/// The bearer token of `--query-token-file`, read again once the file
+/// changes (a Kubernetes Secret updated in place), so that a new token
+/// takes effect without a restart.
+pub(crate) struct QueryToken {
+    path: PathBuf,
+    /// The token, with the modification time of the file it came from.
+    current: std::sync::Mutex<(Option<std::time::SystemTime>, String)>,
+}
+
+impl QueryToken {
+    fn read(path: PathBuf) -> anyhow::Result<Self> {
+        let (modified, token) = Self::load(&path)?;
+        Ok(QueryToken {
+            path,
+            current: std::sync::Mutex::new((modified, token)),
+        })
+    }
+
+    fn load(path: &std::path::Path) -> anyhow::Result<(Option<std::time::SystemTime>, String)> {
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let token = std::fs::read_to_string(path).map_err(|e| {
+            anyhow::anyhow!("cannot read --query-token-file {}: {e}", path.display())
+        })?;
+        let token = token.trim().to_string();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "--query-token-file {} is empty",
+            path.display()
+        );
+        Ok((modified, token))
+    }
+
+    /// The token now: the file's, read again if it changed since. A file
+    /// that cannot be read, or is empty, keeps the token as it was (with a
+    /// warning): a Secret being replaced is briefly neither.
+    pub(crate) fn get(&self) -> String {
+        let mut current = self.current.lock().unwrap();
+        let modified = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        if modified != current.0 {
+            match Self::load(&self.path) {
+                Ok(loaded) => {
+                    tracing::info!(path = %self.path.display(), "queries: the token file changed; its new token is in use");
+                    *current = loaded;
+                }
+                Err(error) => tracing::warn!("queries: keeping the token: {error:#}"),
+            }
+        }
+        current.1.clone()
     }
 }
 

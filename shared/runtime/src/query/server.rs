@@ -16,7 +16,7 @@ use tokio_native_tls::TlsAcceptor;
 
 use super::peers::{Peer, Peers};
 use super::read::{Selection, Snapshot};
-use super::QueryableStage;
+use super::{QueryToken, QueryableStage};
 use crate::http;
 use crate::partitioner::murmur2_partition;
 use crate::processor::StoreShape;
@@ -38,7 +38,7 @@ pub(crate) struct QueryServer {
     pub stages: Vec<QueryableStage>,
     pub open_stores: Arc<OpenStores>,
     pub peers: Arc<Peers>,
-    pub token: Option<String>,
+    pub token: Option<QueryToken>,
     pub client: reqwest::Client,
     /// One per query being answered, `max_concurrent` in all.
     pub permits: Arc<tokio::sync::Semaphore>,
@@ -187,9 +187,10 @@ impl QueryServer {
 
     async fn answer(self: &Arc<Self>, request: &Request) -> Answer {
         if let Some(token) = &self.token {
+            let token = token.get();
             let presented =
                 (request.authorization.as_deref()).and_then(|value| value.strip_prefix("Bearer "));
-            if !presented.is_some_and(|presented| same_secret(presented, token)) {
+            if !presented.is_some_and(|presented| same_secret(presented, &token)) {
                 return Answer::error(401, "a bearer token is required");
             }
         }
@@ -490,7 +491,7 @@ impl QueryServer {
             .header(HOP_HEADER, "1")
             .timeout(FORWARD_TIMEOUT);
         if let Some(token) = &self.token {
-            forwarded = forwarded.bearer_auth(token);
+            forwarded = forwarded.bearer_auth(token.get());
         }
         let response = forwarded.send().await?;
         let status = response.status().as_u16();
