@@ -37,7 +37,7 @@ image-test: build
 	@bash deploy/image/build.sh debug localhost/streams-services:test
 
 .PHONY: validate-deploy
-validate-deploy: build ## offline checks of deploy/: Dockerfile lint, k8s overlays, compose schema, flag drift (docs/deploy.md)
+validate-deploy: build ## offline checks of deploy/: Dockerfile lint, k8s overlays, compose schema, alert rules, Strimzi KafkaUser, flag drift (docs/deploy.md)
 	@bash deploy/validate.sh
 
 # The broker-free test-driver tests (tests/tests/driver_*.rs).

@@ -9,7 +9,9 @@
 #      Dockerfile's Rust version and binaries, the drift check (every flag
 #      and env var the deploy files give a binary is in its --help), and the
 #      alerting rules (components/monitoring/prometheus-rules.yaml) through
-#      promtool's `check rules` and `test rules` (alerts_test.go).
+#      promtool's `check rules` and `test rules` (alerts_test.go), and each
+#      service's `acls --format strimzi` against Strimzi's KafkaUser CRD
+#      (strimzi_test.go).
 # Installs what it needs on first use (pip, the Go module proxy) into caches
 # outside the checkout; later runs are quick. `make validate-deploy` runs it.
 set -euo pipefail
