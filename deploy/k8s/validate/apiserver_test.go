@@ -35,6 +35,21 @@ import (
 // PrometheusRules are custom resources, which a server checks against the
 // CRD's schema; the strict decoding covers them (and promtool the rules,
 // alerts_test.go).
+// expectRefused fails the test unless the API server's validation refuses
+// broken, the copy that breakage name made.
+func expectRefused(t *testing.T, name string, broken runtime.Object) {
+	t.Helper()
+	errs, err := apiServerErrors(broken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) == 0 {
+		t.Errorf("%s: accepted", name)
+	} else {
+		t.Logf("%s: %v", name, errs.ToAggregate())
+	}
+}
+
 func apiServerErrors(obj runtime.Object) (field.ErrorList, error) {
 	versioned := obj.DeepCopyObject()
 	legacyscheme.Scheme.Default(versioned)
@@ -141,15 +156,7 @@ func TestAPIServersValidationRefusesBrokenStatefulSets(t *testing.T) {
 	for name, breakIt := range breakages {
 		broken := good.DeepCopy()
 		breakIt(broken)
-		errs, err := apiServerErrors(broken)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(errs) == 0 {
-			t.Errorf("%s: accepted", name)
-		} else {
-			t.Logf("%s: %v", name, errs.ToAggregate())
-		}
+		expectRefused(t, name, broken)
 	}
 }
 
@@ -183,14 +190,6 @@ func TestAPIServersValidationRefusesBrokenNetworkPolicies(t *testing.T) {
 	for name, breakIt := range breakages {
 		broken := good.DeepCopy()
 		breakIt(broken)
-		errs, err := apiServerErrors(broken)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(errs) == 0 {
-			t.Errorf("%s: accepted", name)
-		} else {
-			t.Logf("%s: %v", name, errs.ToAggregate())
-		}
+		expectRefused(t, name, broken)
 	}
 }

@@ -334,7 +334,7 @@ fn now_millis() -> i64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use clap::Parser;
 
@@ -344,12 +344,14 @@ mod tests {
         reset: ResetArgs,
     }
 
+    /// The reset options of `reset <flags>`.
+    pub(in crate::reset) fn parse(flags: &[&str]) -> Result<ResetArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("reset").chain(flags.iter().copied()))
+            .map(|cli| cli.reset)
+    }
+
     #[test]
     fn committed_topics_to_ignore_are_named_one_flag_each() {
-        let parse = |flags: &[&str]| {
-            Cli::try_parse_from(std::iter::once("reset").chain(flags.iter().copied()))
-                .map(|cli| cli.reset)
-        };
         assert_eq!(
             parse(&[]).unwrap().ignore_committed_topic,
             Vec::<String>::new()

@@ -192,19 +192,7 @@ pub fn parse_offsets_csv(text: &str) -> Result<BTreeMap<(String, i32), i64>, Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reset::ResetArgs;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        reset: ResetArgs,
-    }
-
-    fn parse(flags: &[&str]) -> Result<ResetArgs, clap::Error> {
-        Cli::try_parse_from(std::iter::once("reset").chain(flags.iter().copied()))
-            .map(|cli| cli.reset)
-    }
+    use crate::reset::tests::parse;
 
     const NOW: i64 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
 
