@@ -7,11 +7,12 @@ CARGO ?= cargo
 
 include deploy/local/stack.mk
 include deploy/local/cluster.mk
+include deploy/k8s/cluster/cluster.mk
 
 .PHONY: help deps build test test-unit lint demo bench bench-scale bench-model bench-embed bench-restore bench-failover bench-queries models
 
 help: ## list targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
 
 deps: ## install the Debian packages the build needs (cmake, libclang, ...)
 	@bash deploy/local/build-deps.sh

@@ -52,64 +52,18 @@ started=$(date +%s)
 image_step "compose up"
 compose up -d >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; exit 1; }
 
-# streamctl in a one-off `tools` container, the example data mounted read-only.
+# streamctl in a one-off `tools` container, the repository mounted read-only.
 streamctl() {
-  compose --profile tools run --rm -T -v "$PWD/tests/fixtures:/fixtures:ro" \
-    -v "$PWD/deploy/local/demo-data:/demo-data:ro" tools streamctl "$@" 2>>"$work/streamctl.log"
+  compose --profile tools run --rm -T -v "$PWD:/repo:ro" tools streamctl "$@" 2>>"$work/streamctl.log"
 }
-produce() { # topic file
-  streamctl topics create "$1" --partitions 1 >/dev/null
-  streamctl produce --topic "$1" --schema "/usr/share/streams/schemas/$1.avsc" --file "$2" >/dev/null
-}
+EXAMPLE_REPO=/repo
+source deploy/local/example-data.sh
 image_step "producing the example data"
-produce temperature-readings /fixtures/sensor-fusion/temperature-readings.jsonl
-produce humidity-readings /fixtures/sensor-fusion/humidity-readings.jsonl
-produce orders /fixtures/order-shipment-joiner/orders.jsonl
-produce shipments /fixtures/order-shipment-joiner/shipments.jsonl
-produce user-events /fixtures/sessionizer/user-events.jsonl
-produce orders-marketplace /fixtures/window-aggregator/orders-marketplace.jsonl
-produce articles /demo-data/articles.jsonl
+example_create_topics
+example_produce_all
 
 failed=0
-check() { # service topic expected-file
-  local expected count
-  expected="tests/fixtures/$1/$3"
-  count=$(grep -c . "$expected")
-  streamctl consume --topic "$2" --from-beginning --max "$count" --idle-exit 180s >"$work/$2.jsonl" || true
-  if python3 - "$work/$2.jsonl" "$expected" <<'PY'
-import json, sys
-rows = lambda path: sorted(json.dumps(json.loads(l), sort_keys=True) for l in open(path) if l.strip())
-sys.exit(rows(sys.argv[1]) != rows(sys.argv[2]))
-PY
-  then echo "[compose-demo] $1: $count rows on $2, as expected"
-  else echo "[compose-demo] $1: $2 differs from $expected (got $work/$2.jsonl)" >&2; failed=1
-  fi
-}
-check sensor-fusion machine-maintenance machine-maintenance.expected.jsonl
-check order-shipment-joiner shipped-orders shipped-orders.expected.jsonl
-check sessionizer user-sessions user-sessions.expected.jsonl
-check window-aggregator order-window-counts order-window-counts.expected.jsonl
-
-# embed-batcher runs with compose's defaults (--batch-size 50, 30 s max-wait):
-# each tenant's batch goes after max-wait, the late acme/42 edit and
-# initech/2 (past the watermark) stay out; vectors from the model in the image.
-streamctl consume --topic article-embeddings --from-beginning --max 7 --idle-exit 180s \
-  >"$work/article-embeddings.jsonl" || true
-if python3 - "$work/article-embeddings.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l)["value"] for l in open(sys.argv[1]) if l.strip()]
-docs = sorted(f'{r["tenant_id"]}/{r["doc_id"]}' for r in rows)
-want = sorted(["acme/42", "acme/17", "acme/5", "globex/8", "globex/9", "initech/1", "initech/3"])
-ok = docs == want and all(len(r["embedding"]) == 384 for r in rows)
-sys.exit(not ok)
-PY
-then
-  echo "[compose-demo] embed-batcher: 7 rows with 384-number vectors"
-  python3 deploy/local/embedding_cosines.py "$work/article-embeddings.jsonl" \
-    paraphrases acme/42 initech/3 unrelated acme/42 initech/1
-else
-  echo "[compose-demo] embed-batcher: unexpected rows (got $work/article-embeddings.jsonl)" >&2; failed=1
-fi
+example_check_all "$work" "$PWD" || failed=1
 
 echo "[compose-demo] $(( $(date +%s) - started )) s from compose up to the last result"
 exit "$failed"

@@ -87,13 +87,13 @@ make_tls() {
   mkdir -p "$TLS"
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=streams-local-ca" \
     -keyout "$TLS/ca.key" -out "$TLS/ca.pem" 2>/dev/null
-  # One certificate for every broker, controller and the registry (all on 127.0.0.1); its CN
+  # One certificate for every broker, controller and the registry (all on $HOST); its CN
   # is the brokers' principal among themselves, a super user.
   openssl req -newkey rsa:2048 -nodes -subj "/CN=broker" \
     -keyout "$TLS/server.key" -out "$TLS/server.csr" 2>/dev/null
   openssl x509 -req -in "$TLS/server.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca.key" \
     -CAcreateserial -days 3650 -out "$TLS/server.pem" \
-    -extfile <(printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n') \
+    -extfile <(printf 'subjectAltName=IP:%s,IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n' "$HOST") \
     2>/dev/null
   # Kafka's PEM key store wants a PKCS#8 key followed by the certificate in one file.
   openssl pkcs8 -topk8 -nocrypt -in "$TLS/server.key" -out "$TLS/server-pkcs8.key"

@@ -8,7 +8,8 @@
 #   stack.sh clean     down + delete Kafka data, logs and registry config (keeps jars/binary)
 #   stack.sh restart-kafka  stop and start the broker only (data kept)
 #
-# Env: STACK_HOME (/var/tmp/streams-stack), KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093),
+# Env: STACK_HOME (/var/tmp/streams-stack), STACK_HOST (127.0.0.1, the address both listen on
+#      and Kafka advertises), KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093),
 #      SCHEMA_REGISTRY_PORT (8081), KAFKA_HEAP_OPTS (-Xms256m -Xmx1g), STACK_WIPE=1 (fresh
 #      cluster on up), STACK_UP_TIMEOUT (90 s), STACK_STOP_TIMEOUT (15 s).
 # See docs/local-stack.md.
@@ -23,7 +24,7 @@ SCHEMA_REGISTRY_PORT="${SCHEMA_REGISTRY_PORT:-8081}"
 KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
 STACK_UP_TIMEOUT="${STACK_UP_TIMEOUT:-90}"
 STACK_STOP_TIMEOUT="${STACK_STOP_TIMEOUT:-15}"
-HOST=127.0.0.1
+HOST="${STACK_HOST:-127.0.0.1}"
 
 # Pinned registry version. v0.2.1 is the release the Go module proxy serves (newer tags are not
 # available through it); bump here and `install` rebuilds.

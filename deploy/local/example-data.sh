@@ -1,0 +1,82 @@
+# Sourced: the example data of tests/fixtures into the services' input topics, and their
+# results read back and checked against the expected files, wherever the services run
+# (deploy/image/compose-demo.sh: podman compose; deploy/k8s/cluster/test.sh: Kubernetes).
+#
+# The caller defines `streamctl` (run wherever the Kafka and registry it tests are reached)
+# and sets EXAMPLE_REPO: the repository's root as streamctl sees it.
+# shellcheck shell=bash
+
+# input topic, then its file in the repository. No fixture for embed-batcher: a handful of
+# edits written for the demo.
+EXAMPLE_INPUTS=(
+  temperature-readings tests/fixtures/sensor-fusion/temperature-readings.jsonl
+  humidity-readings tests/fixtures/sensor-fusion/humidity-readings.jsonl
+  orders tests/fixtures/order-shipment-joiner/orders.jsonl
+  shipments tests/fixtures/order-shipment-joiner/shipments.jsonl
+  user-events tests/fixtures/sessionizer/user-events.jsonl
+  orders-marketplace tests/fixtures/window-aggregator/orders-marketplace.jsonl
+  articles deploy/local/demo-data/articles.jsonl
+)
+
+# Topics of one partition: the expected files are what one task per service makes of
+# the inputs in their order.
+example_create_topics() {
+  local i
+  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 2)); do
+    streamctl topics create "${EXAMPLE_INPUTS[i]}" --partitions 1 >/dev/null
+  done
+}
+
+example_produce() { # topic file (as streamctl sees it)
+  streamctl produce --topic "$1" --schema "$EXAMPLE_REPO/shared/schemas/avro/$1.avsc" --file "$2" >/dev/null
+}
+
+example_produce_all() {
+  local i
+  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 2)); do
+    example_produce "${EXAMPLE_INPUTS[i]}" "$EXAMPLE_REPO/${EXAMPLE_INPUTS[i + 1]}"
+  done
+}
+
+# Reads each output topic (read_committed) into WORK and compares it with the expected rows,
+# order aside. embed-batcher's rows are checked by document and vector length: with the
+# default --batch-size 50 and 30 s max-wait each tenant's batch goes after max-wait, and the
+# late acme/42 edit and initech/2 (past the watermark) stay out. Returns 1 if any differs.
+example_check_all() { # work-dir repository-root
+  local work="$1" repo="$2" failed=0 service topic expected count
+  for check in sensor-fusion:machine-maintenance order-shipment-joiner:shipped-orders \
+      sessionizer:user-sessions window-aggregator:order-window-counts; do
+    service="${check%%:*}" topic="${check#*:}"
+    expected="$repo/tests/fixtures/$service/$topic.expected.jsonl"
+    count=$(grep -c . "$expected")
+    streamctl consume --topic "$topic" --from-beginning --max "$count" --idle-exit 180s \
+      >"$work/$topic.jsonl" || true
+    if python3 - "$work/$topic.jsonl" "$expected" <<'PY'
+import json, sys
+rows = lambda path: sorted(json.dumps(json.loads(l), sort_keys=True) for l in open(path) if l.strip())
+sys.exit(rows(sys.argv[1]) != rows(sys.argv[2]))
+PY
+    then echo "[example-data] $service: $count rows on $topic, as expected"
+    else echo "[example-data] $service: $topic differs from $expected (got $work/$topic.jsonl)" >&2; failed=1
+    fi
+  done
+
+  streamctl consume --topic article-embeddings --from-beginning --max 7 --idle-exit 180s \
+    >"$work/article-embeddings.jsonl" || true
+  if python3 - "$work/article-embeddings.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l)["value"] for l in open(sys.argv[1]) if l.strip()]
+docs = sorted(f'{r["tenant_id"]}/{r["doc_id"]}' for r in rows)
+want = sorted(["acme/42", "acme/17", "acme/5", "globex/8", "globex/9", "initech/1", "initech/3"])
+ok = docs == want and all(len(r["embedding"]) == 384 for r in rows)
+sys.exit(not ok)
+PY
+  then
+    echo "[example-data] embed-batcher: 7 rows with 384-number vectors"
+    python3 "$repo/deploy/local/embedding_cosines.py" "$work/article-embeddings.jsonl" \
+      paraphrases acme/42 initech/3 unrelated acme/42 initech/1
+  else
+    echo "[example-data] embed-batcher: unexpected rows (got $work/article-embeddings.jsonl)" >&2; failed=1
+  fi
+  return "$failed"
+}
