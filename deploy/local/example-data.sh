@@ -6,24 +6,48 @@
 # and sets EXAMPLE_REPO: the repository's root as streamctl sees it.
 # shellcheck shell=bash
 
-# input topic, then its file in the repository. No fixture for embed-batcher: a handful of
-# edits written for the demo.
+# Input topic, partitions, then the file of its records: a path in the repository, unless
+# absolute. One partition: the expected files are what one task per service makes of the
+# inputs in their order. No fixture for embed-batcher: a handful of edits written for the demo.
 EXAMPLE_INPUTS=(
-  temperature-readings tests/fixtures/sensor-fusion/temperature-readings.jsonl
-  humidity-readings tests/fixtures/sensor-fusion/humidity-readings.jsonl
-  orders tests/fixtures/order-shipment-joiner/orders.jsonl
-  shipments tests/fixtures/order-shipment-joiner/shipments.jsonl
-  user-events tests/fixtures/sessionizer/user-events.jsonl
-  orders-marketplace tests/fixtures/window-aggregator/orders-marketplace.jsonl
-  articles deploy/local/demo-data/articles.jsonl
+  temperature-readings 1 tests/fixtures/sensor-fusion/temperature-readings.jsonl
+  humidity-readings 1 tests/fixtures/sensor-fusion/humidity-readings.jsonl
+  orders 1 tests/fixtures/order-shipment-joiner/orders.jsonl
+  shipments 1 tests/fixtures/order-shipment-joiner/shipments.jsonl
+  user-events 1 tests/fixtures/sessionizer/user-events.jsonl
+  orders-marketplace 1 tests/fixtures/window-aggregator/orders-marketplace.jsonl
+  articles 1 deploy/local/demo-data/articles.jsonl
+)
+# Service, output topic, then the file of the rows expected on it: a path of this machine, in
+# the repository unless absolute. embed-batcher's rows are checked by document (below).
+EXAMPLE_OUTPUTS=(
+  sensor-fusion machine-maintenance tests/fixtures/sensor-fusion/machine-maintenance.expected.jsonl
+  order-shipment-joiner shipped-orders tests/fixtures/order-shipment-joiner/shipped-orders.expected.jsonl
+  sessionizer user-sessions tests/fixtures/sessionizer/user-sessions.expected.jsonl
+  window-aggregator order-window-counts tests/fixtures/window-aggregator/order-window-counts.expected.jsonl
 )
 
-# Topics of one partition: the expected files are what one task per service makes of
-# the inputs in their order.
+# Another input for a topic, and the rows then expected of its service: example_replace
+# user-events 2 /tmp/events.jsonl user-sessions /tmp/sessions.jsonl
+example_replace() { # input-topic partitions file output-topic expected-file
+  local i
+  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 3)); do
+    [ "${EXAMPLE_INPUTS[i]}" = "$1" ] && EXAMPLE_INPUTS[i + 1]="$2" EXAMPLE_INPUTS[i + 2]="$3"
+  done
+  for ((i = 0; i < ${#EXAMPLE_OUTPUTS[@]}; i += 3)); do
+    [ "${EXAMPLE_OUTPUTS[i + 1]}" = "$4" ] && EXAMPLE_OUTPUTS[i + 2]="$5"
+  done
+  return 0
+}
+
+in_repo() { # path root: the path, under root unless absolute
+  case "$1" in /*) echo "$1" ;; *) echo "$2/$1" ;; esac
+}
+
 example_create_topics() {
   local i
-  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 2)); do
-    streamctl topics create "${EXAMPLE_INPUTS[i]}" --partitions 1 >/dev/null
+  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 3)); do
+    streamctl topics create "${EXAMPLE_INPUTS[i]}" --partitions "${EXAMPLE_INPUTS[i + 1]}" >/dev/null
   done
 }
 
@@ -33,8 +57,8 @@ example_produce() { # topic file (as streamctl sees it)
 
 example_produce_all() {
   local i
-  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 2)); do
-    example_produce "${EXAMPLE_INPUTS[i]}" "$EXAMPLE_REPO/${EXAMPLE_INPUTS[i + 1]}"
+  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 3)); do
+    example_produce "${EXAMPLE_INPUTS[i]}" "$(in_repo "${EXAMPLE_INPUTS[i + 2]}" "$EXAMPLE_REPO")"
   done
 }
 
@@ -43,11 +67,10 @@ example_produce_all() {
 # default --batch-size 50 and 30 s max-wait each tenant's batch goes after max-wait, and the
 # late acme/42 edit and initech/2 (past the watermark) stay out. Returns 1 if any differs.
 example_check_all() { # work-dir repository-root
-  local work="$1" repo="$2" failed=0 service topic expected count
-  for check in sensor-fusion:machine-maintenance order-shipment-joiner:shipped-orders \
-      sessionizer:user-sessions window-aggregator:order-window-counts; do
-    service="${check%%:*}" topic="${check#*:}"
-    expected="$repo/tests/fixtures/$service/$topic.expected.jsonl"
+  local work="$1" repo="$2" failed=0 i service topic expected count
+  for ((i = 0; i < ${#EXAMPLE_OUTPUTS[@]}; i += 3)); do
+    service="${EXAMPLE_OUTPUTS[i]}" topic="${EXAMPLE_OUTPUTS[i + 1]}"
+    expected="$(in_repo "${EXAMPLE_OUTPUTS[i + 2]}" "$repo")"
     count=$(grep -c . "$expected")
     streamctl consume --topic "$topic" --from-beginning --max "$count" --idle-exit 180s \
       >"$work/$topic.jsonl" || true

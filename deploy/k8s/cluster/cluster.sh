@@ -127,7 +127,7 @@ image_from_binary() { # image binary-path [user]
     "$(basename "$binary")" "$(basename "$binary")" "$user" "$(basename "$binary")" >"$dir/Containerfile"
   podman build --quiet --pull=never -t "$image" "$dir" >/dev/null
   mkdir -p "$K8S_HOME/images"
-  podman save --format docker-archive -o "$archive.tmp" "$image" >/dev/null
+  podman save --quiet --format docker-archive -o "$archive.tmp" "$image"
   mv "$archive.tmp" "$archive"
   rm -rf "$dir"
 }
@@ -232,6 +232,9 @@ state = "/run/streams-k8s/containerd"
   address = "$CONTAINERD_SOCK"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
+  # This machine's root lacks CAP_SYS_RESOURCE: no process may lower its OOM score, so the
+  # kubelet's scores for sandboxes (-998) and guaranteed pods are raised to containerd's own.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -253,6 +256,7 @@ EOF
       "type": "bridge",
       "bridge": "$BRIDGE",
       "isGateway": true,
+      "isDefaultGateway": true,
       "ipMasq": true,
       "hairpinMode": true,
       "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP"}]],
@@ -404,7 +408,8 @@ cmd_up() {
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
     --service-account-key-file "$PKI/service-accounts.pub" \
     --service-account-signing-key-file "$PKI/service-accounts.key" \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --kubelet-preferred-address-types InternalIP
   wait_for "API server answers" "$K8S_UP_TIMEOUT" kubectl get --raw /readyz \
     || die_log "$LOGS/kube-apiserver.log" "the API server did not become ready"
   spawn kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
@@ -495,7 +500,7 @@ cmd_load_image() {
   # shellcheck source=../../image/env.sh
   source "$REPO/deploy/image/env.sh"
   archive="$(mktemp "$K8S_HOME/image.XXXXXX.tar")"
-  podman save --format docker-archive -o "$archive" "$image" >/dev/null
+  podman save --quiet --format docker-archive -o "$archive" "$image"
   ctr --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null
   rm -f "$archive"
   log "loaded $image into the node's containerd"

@@ -3,7 +3,8 @@
 # cluster.sh, and what a team does with it on day one and day two, checked:
 #
 #   1. the dev overlay (overlays/dev here: queries and monitoring added) comes up, and the
-#      example data of tests/fixtures goes in, one part before each step below;
+#      example data of tests/fixtures goes in, one part before each step below; sessionizer's
+#      is generated (3,000 users on two partitions) and its expected sessions computed;
 #   2. day two, each step timed until every pod is ready again: scale 1 -> 2, a pod deleted
 #      with --force --grace-period=0, `kubectl rollout restart`, an image change, scale
 #      2 -> 3 -> 2, and a node drain that the PodDisruptionBudgets hold up;
@@ -34,7 +35,7 @@ WAIT_READY_TIMEOUT=300
 work="$(mktemp -d "${TMPDIR:-/tmp}/k8s-test.XXXXXX")"
 results="${K8S_TEST_RESULTS:-$work/steps.tsv}"
 step() { printf '[k8s-test] %s\n' "$*"; }
-fail() { printf '[k8s-test] FAILED: %s (work dir %s)\n' "$*" >&2; exit 1; }
+fail() { printf '[k8s-test] FAILED: %s (work dir %s)\n' "$*" "$work" >&2; exit 1; }
 on_exit() {
   local status=$?
   if [ "$status" != 0 ]; then
@@ -50,6 +51,9 @@ streamctl() { "$STREAMCTL" "${STREAMCTL_CONNECTION[@]}" "$@" 2>>"$work/streamctl
 EXAMPLE_REPO="$REPO"
 # shellcheck source=../../local/example-data.sh
 source deploy/local/example-data.sh
+# sessionizer gets more than its fixture: 3,000 generated users' events on two partitions, so
+# that its tasks move between pods at each step, and the sessions the model expects of them.
+SESSIONS_DATASET="${CARGO_TARGET_DIR:-target}/debug/sessions-dataset"
 
 # ---- readiness ------------------------------------------------------------------------------
 # Every StatefulSet at its replicas, all of them ready, updated and on its current revision,
@@ -88,8 +92,8 @@ wait_ready() {
 PARTS=8
 split_inputs() {
   local i
-  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 2)); do
-    python3 - "${EXAMPLE_INPUTS[i + 1]}" "$work/parts/${EXAMPLE_INPUTS[i]}" "$PARTS" <<'PY'
+  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 3)); do
+    python3 - "$(in_repo "${EXAMPLE_INPUTS[i + 2]}" "$REPO")" "$work/parts/${EXAMPLE_INPUTS[i]}" "$PARTS" <<'PY'
 import sys
 lines = [l for l in open(sys.argv[1]) if l.strip()]
 parts = int(sys.argv[3])
@@ -103,7 +107,7 @@ part=0
 produce_next_part() {
   local i
   part=$((part + 1))
-  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 2)); do
+  for ((i = 0; i < ${#EXAMPLE_INPUTS[@]}; i += 3)); do
     [ -s "$work/parts/${EXAMPLE_INPUTS[i]}.$part" ] \
       && example_produce "${EXAMPLE_INPUTS[i]}" "$work/parts/${EXAMPLE_INPUTS[i]}.$part"
   done
@@ -150,7 +154,7 @@ drain_against_budgets() {
 }
 
 # ---- start from nothing ---------------------------------------------------------------------
-[ -x "$STREAMCTL" ] || fail "no $STREAMCTL: run make build"
+[ -x "$STREAMCTL" ] && [ -x "$SESSIONS_DATASET" ] || fail "no $STREAMCTL or $SESSIONS_DATASET: run make build"
 "${CLUSTER[@]}" up
 "${CLUSTER[@]}" load-image "$IMAGE"
 source deploy/image/env.sh
@@ -163,6 +167,8 @@ kubectl delete -f deploy/k8s/cluster/monitoring/prometheus.yaml --ignore-not-fou
 "${CLUSTER[@]}" stack clean >/dev/null
 "${CLUSTER[@]}" stack up >/dev/null
 "${CLUSTER[@]}" volumes
+"$SESSIONS_DATASET" "$work/user-events.jsonl" "$work/user-sessions.expected.jsonl"
+example_replace user-events 2 "$work/user-events.jsonl" user-sessions "$work/user-sessions.expected.jsonl"
 mkdir -p "$work/parts"
 split_inputs
 example_create_topics
@@ -170,7 +176,7 @@ example_create_topics
 printf 'step\tseconds\n' >"$results"
 step "applying deploy/k8s/cluster/overlays/dev (the dev overlay, with queries and monitoring)"
 started=$SECONDS
-kubectl create namespace "$NS" >/dev/null
+kubectl apply -f deploy/k8s/overlays/dev/namespace.yaml >/dev/null
 for service in "${SERVICES[@]}"; do
   kubectl -n "$NS" create secret generic "$service-query-token" \
     --from-literal "token=$(openssl rand -hex 24)" >/dev/null
@@ -180,6 +186,14 @@ kubectl apply -f deploy/k8s/cluster/monitoring/prometheus.yaml >>"$work/apply.lo
 produce_next_part
 wait_ready
 printf 'apply the dev overlay\t%s\n' "$((SECONDS - started))" | tee -a "$results"
+# The namespace enforces Pod Security "restricted": the services' pods passed it, and a pod
+# that asks for more is refused.
+if kubectl -n "$NS" run pod-security-probe --image "$IMAGE" --image-pull-policy Never \
+    --restart Never --privileged --command -- true >"$work/pod-security.log" 2>&1; then
+  fail "a privileged pod was admitted to $NS"
+fi
+grep -q 'violates PodSecurity "restricted' "$work/pod-security.log" \
+  || fail "the privileged pod was refused, but not by Pod Security: $(cat "$work/pod-security.log")"
 
 # ---- day two ----------------------------------------------------------------------------------
 timed_step "scale 1 -> 2" each_service scale 2
@@ -225,16 +239,25 @@ read -r first second <<<"$servers"
 echo "queries: both pods answered, each time from $first"
 
 # ---- Prometheus, from the ServiceMonitor and the PrometheusRule ---------------------------------
-prometheus_api() { # path
+prometheus_api() { # path [PromQL expression, for /api/v1/query]
   local ip
   ip="$(kubectl -n monitoring get pod prometheus-streams-0 -o jsonpath='{.status.podIP}')"
-  curl -sf -m 10 "http://$ip:9090$1"
+  curl -sf -m 10 -G "http://$ip:9090$1" ${2:+--data-urlencode "query=$2"}
+}
+# Succeeds when the expression's single value is $2.
+prometheus_value_is() { # expression value
+  prometheus_api /api/v1/query "$1" | python3 -c '
+import json, sys
+try:
+    result = json.load(sys.stdin)["data"]["result"]
+except ValueError:  # no answer yet
+    sys.exit(1)
+sys.exit(not result or result[0]["value"][1] != sys.argv[1])' "$2"
 }
 step "Prometheus: every pod scraped, the rules loaded"
 kubectl -n monitoring wait --for condition=Ready pod/prometheus-streams-0 --timeout 180s >/dev/null
 deadline=$((SECONDS + 180))
-until prometheus_api '/api/v1/query?query=count(up{job="streams-services",namespace="streams-dev"}==1)' \
-    | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; sys.exit(not r or r[0]["value"][1] != "10")'; do
+until prometheus_value_is 'count(up{job="streams-services",namespace="streams-dev"} == 1)' 10; do
   [ "$SECONDS" -lt "$deadline" ] || fail "Prometheus does not scrape the 10 pods (targets: $(prometheus_api /api/v1/targets | head -c 2000))"
   sleep 5
 done
@@ -282,7 +305,7 @@ secured="$K8S_HOME/stack/cluster"
 mapfile -t STREAMCTL_CONNECTION < <(tr ' ' '\n' <"$secured/admin.flags")
 example_create_topics
 started=$SECONDS
-kubectl create namespace "$NS" >/dev/null
+kubectl apply -f deploy/k8s/overlays/prod/namespace.yaml >/dev/null
 # Each service's own user: its properties with the CA's path as mounted in the pod.
 for service in "${SERVICES[@]}"; do
   mkdir -p "$work/prod/$service"
@@ -298,8 +321,7 @@ wait_ready
 printf 'apply the prod overlay (15 pods)\t%s\n' "$((SECONDS - started))" | tee -a "$results"
 example_check_all "$work" "$REPO" || fail "an output of the prod overlay differs"
 deadline=$((SECONDS + 180))
-until prometheus_api '/api/v1/query?query=count(up{job="streams-services",namespace="streams"}==1)' \
-    | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; sys.exit(not r or r[0]["value"][1] != "15")'; do
+until prometheus_value_is 'count(up{job="streams-services",namespace="streams"} == 1)' 15; do
   [ "$SECONDS" -lt "$deadline" ] || fail "Prometheus does not scrape the 15 pods of the prod overlay"
   sleep 5
 done
