@@ -130,6 +130,12 @@ each_service() { # command... (the service's name is appended)
   for service in "${SERVICES[@]}"; do "$@" "$service"; done
 }
 scale() { local service="$2"; kubectl -n "$NS" scale "statefulset/$service" --replicas "$1"; }
+rebalances_of_pod_1() { # service: "<service> <assignments received by <service>-1>"
+  local ip
+  ip="$(kubectl -n "$NS" get pod "$1-1" -o jsonpath='{.status.podIP}')"
+  printf '%s %s ' "$1" "$(curl -sf -m 5 "http://$ip:9090/metrics" \
+    | awk '/^streams_rebalances_total/ { sum += $NF } END { print sum + 0 }')"
+}
 force_delete() { kubectl -n "$NS" delete pod "$1-0" --force --grace-period=0; }
 restart() { kubectl -n "$NS" rollout restart "statefulset/$1"; }
 change_image() { kubectl -n "$NS" set image "statefulset/$1" "$1=$NEXT_IMAGE"; }
@@ -197,7 +203,14 @@ grep -q 'violates PodSecurity "restricted' "$work/pod-security.log" \
 
 # ---- day two ----------------------------------------------------------------------------------
 timed_step "scale 1 -> 2" each_service scale 2
+# Static membership (INSTANCE_ID, the pod's name): a pod that is back within
+# session.timeout.ms gets its partitions again without a rebalance, so the other pod of each
+# service receives no new assignment.
+survivors_before="$(each_service rebalances_of_pod_1)"
 timed_step "delete pod -0 with --force --grace-period=0" each_service force_delete
+survivors_after="$(each_service rebalances_of_pod_1)"
+[ "$survivors_before" = "$survivors_after" ] \
+  || fail "pod -0's return rebalanced the others (assignments received by each -1, before: $survivors_before; after: $survivors_after)"
 timed_step "rollout restart" each_service restart
 timed_step "image change" each_service change_image
 timed_step "scale 2 -> 3" each_service scale 3
