@@ -517,7 +517,7 @@ stop_pods() {
     sleep 1
   fi
   pkill -KILL -f "containerd-shim-runc-v2 -namespace k8s.io" 2>/dev/null || true
-  grep -oE " ($KUBELET_DIR|/run/streams-k8s)/[^ ]+" /proc/mounts | sort -r | while read -r mnt; do
+  grep -oE " ($KUBELET_DIR|/run/streams-k8s)(/[^ ]*)?" /proc/mounts | sort -r | while read -r mnt; do
     umount -l "$mnt" 2>/dev/null || true
   done
 }
