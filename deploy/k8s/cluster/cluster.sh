@@ -116,15 +116,16 @@ install_packages() {
 # The images the cluster itself runs, each one static binary on an empty base, saved as
 # archives that `up` loads into the node's containerd: the pod sandbox (pause.c), and
 # Prometheus and its config reloader for the Prometheus Operator.
-image_from_binary() { # image binary-path [user]
-  local image="$1" binary="$2" user="${3:-65534:65534}" archive dir
+image_from_binary() { # image binary-path; runs as nobody unless the pod says otherwise
+  local image="$1" binary="$2" name archive dir
   archive="$K8S_HOME/images/$(echo "$image" | tr '/:' '__').tar"
   podman image exists "$image" && [ -f "$archive" ] && return 0
   log "building the image $image"
   dir="$(mktemp -d)"
   cp "$binary" "$dir/"
-  printf 'FROM scratch\nCOPY %s /bin/%s\nUSER %s\nENTRYPOINT ["/bin/%s"]\n' \
-    "$(basename "$binary")" "$(basename "$binary")" "$user" "$(basename "$binary")" >"$dir/Containerfile"
+  name="$(basename "$binary")"
+  printf 'FROM scratch\nCOPY %s /bin/%s\nUSER 65534:65534\nENTRYPOINT ["/bin/%s"]\n' \
+    "$name" "$name" "$name" >"$dir/Containerfile"
   podman build --quiet --pull=never -t "$image" "$dir" >/dev/null
   mkdir -p "$K8S_HOME/images"
   podman save --quiet --format docker-archive -o "$archive.tmp" "$image"

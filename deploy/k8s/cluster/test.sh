@@ -17,8 +17,9 @@
 #   6. the prod overlay (three instances per service, SASL_SSL with each service's own user
 #      and ACLs) against the secured cluster: exact output, every pod scraped.
 #
-# Each run starts from nothing: the namespace, the cluster's Kafka data and the volumes are
-# wiped first. The step times go to $K8S_TEST_RESULTS (default: a file in the work dir).
+# Each run starts from nothing: the namespaces, the cluster's Kafka data and the volumes are
+# wiped first. What the run made stays up afterwards, for a look (`make k8s-down` stops it).
+# The step times go to $K8S_TEST_RESULTS (default: a file in the work dir).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 REPO="$PWD"
@@ -167,8 +168,10 @@ source deploy/image/env.sh
 podman tag "$IMAGE" "$NEXT_IMAGE"
 "${CLUSTER[@]}" load-image "$NEXT_IMAGE"
 
-step "wiping the previous run: namespace $NS, the cluster's Kafka, the volumes"
-kubectl delete namespace "$NS" --ignore-not-found --wait --timeout 180s >/dev/null
+step "wiping the previous run: namespaces streams-dev and streams, the cluster's Kafka, the volumes"
+# The prod overlay of a previous run too: its embed-batcher would hide dev's absence below.
+kubectl delete namespace streams-dev streams --ignore-not-found --wait --timeout 180s >/dev/null
+"${CLUSTER[@]}" secured-stack down >/dev/null
 kubectl delete -f deploy/k8s/cluster/monitoring/prometheus.yaml --ignore-not-found --wait --timeout 180s >/dev/null
 "${CLUSTER[@]}" stack clean >/dev/null
 "${CLUSTER[@]}" stack up >/dev/null
@@ -309,7 +312,6 @@ printf 'StreamsServiceAbsent resolved after it returned\t%s\n' "$((SECONDS - sta
 step "the prod overlay against the secured cluster (dev's namespace deleted first)"
 kubectl delete namespace "$NS" --wait --timeout 180s >/dev/null
 NS=streams
-kubectl delete namespace "$NS" --ignore-not-found --wait --timeout 180s >/dev/null
 "${CLUSTER[@]}" volumes
 "${CLUSTER[@]}" secured-stack clean >/dev/null
 "${CLUSTER[@]}" secured-stack up >"$work/secured-stack.log"

@@ -356,7 +356,7 @@ impl Pipeline {
     ) -> anyhow::Result<()> {
         let processing_threads = self.args.stream_threads * self.stages.len();
         let metrics = Arc::new(Metrics::with_liveness_timeout(
-            Some(self.args.liveness_timeout.as_std()).filter(|timeout| !timeout.is_zero()),
+            self.args.liveness_timeout.unless_zero(),
         ));
         metrics.add_process_gauges(Box::new(crate::process_stats::export));
         // The operations endpoint first: while start-up waits for the
@@ -370,7 +370,7 @@ impl Pipeline {
         let admin = Admin::wait_for_brokers(
             &client.kafka,
             runtime.handle().clone(),
-            Some(self.args.kafka_wait_timeout.as_std()).filter(|patience| !patience.is_zero()),
+            self.args.kafka_wait_timeout.unless_zero(),
             &shutdown,
         )?;
         let memory_limit = usize::try_from(self.args.state_memory_limit.saturating_mul(1 << 20))

@@ -26,6 +26,12 @@ impl HumanDuration {
     pub fn as_std(&self) -> Duration {
         self.0
     }
+
+    /// The duration, or `None` for `0s`: for the limits that `0s` turns off
+    /// (`--liveness-timeout`, `--kafka-wait-timeout`).
+    pub fn unless_zero(&self) -> Option<Duration> {
+        Some(self.0).filter(|duration| !duration.is_zero())
+    }
 }
 
 impl FromStr for HumanDuration {
@@ -82,6 +88,15 @@ impl fmt::Display for HumanDuration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_turns_a_limit_off() {
+        assert_eq!("0s".parse::<HumanDuration>().unwrap().unless_zero(), None);
+        assert_eq!(
+            "2m".parse::<HumanDuration>().unwrap().unless_zero(),
+            Some(Duration::from_secs(120))
+        );
+    }
 
     #[test]
     fn parses_every_unit() {
