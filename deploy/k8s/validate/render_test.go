@@ -11,6 +11,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -32,6 +33,7 @@ type Rendered struct {
 	Secrets         []*corev1.Secret
 	PDBs            []*policyv1.PodDisruptionBudget
 	NetworkPolicies []*networkingv1.NetworkPolicy
+	EndpointSlices  []*discoveryv1.EndpointSlice
 	Namespaces      []*corev1.Namespace
 	Monitors        []*monitoringv1.ServiceMonitor
 	Rules           []*monitoringv1.PrometheusRule
@@ -48,7 +50,8 @@ var (
 func newScheme() *runtime.Scheme {
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme, monitoringv1.AddToScheme,
+		corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme,
+		discoveryv1.AddToScheme, monitoringv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			panic(err)
@@ -80,7 +83,11 @@ func render(t testing.TB, overlay string) *Rendered {
 }
 
 func doRender(root, overlay string) (*Rendered, error) {
-	dir := filepath.Join(root, "deploy", "k8s", "overlays", overlay)
+	return renderDir(filepath.Join(root, "deploy", "k8s", "overlays", overlay), overlay)
+}
+
+// renderDir builds the kustomization in dir, named overlay in messages.
+func renderDir(dir, overlay string) (*Rendered, error) {
 	kustomizer := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
 	resources, err := kustomizer.Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
@@ -121,6 +128,8 @@ func doRender(root, overlay string) (*Rendered, error) {
 			out.PDBs = append(out.PDBs, o)
 		case *networkingv1.NetworkPolicy:
 			out.NetworkPolicies = append(out.NetworkPolicies, o)
+		case *discoveryv1.EndpointSlice:
+			out.EndpointSlices = append(out.EndpointSlices, o)
 		case *corev1.Namespace:
 			out.Namespaces = append(out.Namespaces, o)
 		case *monitoringv1.ServiceMonitor:
@@ -147,6 +156,31 @@ func TestOverlaysRenderAndDecodeStrictly(t *testing.T) {
 			}
 			t.Logf("%d objects: %d StatefulSets, %d Services, %d PDBs, %d NetworkPolicies, %d ConfigMaps, %d ServiceMonitors, %d PrometheusRules",
 				r.Objects, len(r.StatefulSets), len(r.Services), len(r.PDBs), len(r.NetworkPolicies), len(r.ConfigMaps), len(r.Monitors), len(r.Rules))
+		})
+	}
+}
+
+// The overlays that `make k8s-test` applies to the cluster of
+// deploy/k8s/cluster (not part of this check's CI run) render and decode
+// too, and differ from the shipped ones as that directory says: the image
+// of the node's containerd, never pulled.
+func TestClusterOverlaysRenderAndDecodeStrictly(t *testing.T) {
+	for _, overlay := range overlays {
+		t.Run(overlay, func(t *testing.T) {
+			r, err := renderDir(filepath.Join(repoRoot(t), "deploy", "k8s", "cluster", "overlays", overlay), "cluster/"+overlay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.StatefulSets) != 5 {
+				t.Fatalf("%d StatefulSets rendered, not 5", len(r.StatefulSets))
+			}
+			for _, set := range r.StatefulSets {
+				container := set.Spec.Template.Spec.Containers[0]
+				if container.Image != "localhost/streams-services:latest" || container.ImagePullPolicy != corev1.PullNever {
+					t.Errorf("%s: image %s, pull policy %s; want the node's localhost/streams-services:latest, never pulled",
+						set.Name, container.Image, container.ImagePullPolicy)
+				}
+			}
 		})
 	}
 }
