@@ -62,6 +62,15 @@ example_produce_all() {
   done
 }
 
+# A service creates its output topic once it has reached Kafka: wait for it, up to 180 s.
+example_wait_for_topic() { # topic
+  local deadline=$((SECONDS + 180))
+  until streamctl topics describe "$1" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || return 0 # the read below says what is missing
+    sleep 2
+  done
+}
+
 # Reads each output topic (read_committed) into WORK and compares it with the expected rows,
 # order aside. embed-batcher's rows are checked by document and vector length: with the
 # default --batch-size 50 and 30 s max-wait each tenant's batch goes after max-wait, and the
@@ -72,6 +81,7 @@ example_check_all() { # work-dir repository-root
     service="${EXAMPLE_OUTPUTS[i]}" topic="${EXAMPLE_OUTPUTS[i + 1]}"
     expected="$(in_repo "${EXAMPLE_OUTPUTS[i + 2]}" "$repo")"
     count=$(grep -c . "$expected")
+    example_wait_for_topic "$topic"
     streamctl consume --topic "$topic" --from-beginning --max "$count" --idle-exit 180s \
       >"$work/$topic.jsonl" || true
     if python3 - "$work/$topic.jsonl" "$expected" <<'PY'
@@ -84,6 +94,7 @@ PY
     fi
   done
 
+  example_wait_for_topic article-embeddings
   streamctl consume --topic article-embeddings --from-beginning --max 7 --idle-exit 180s \
     >"$work/article-embeddings.jsonl" || true
   if python3 - "$work/article-embeddings.jsonl" <<'PY'
