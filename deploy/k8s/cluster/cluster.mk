@@ -18,5 +18,5 @@ k8s-clean: ## stop it and delete its data, certificates and volumes (binaries ke
 k8s-status: ## which of the node's processes run, and the node
 	@bash $(K8S_CLUSTER_DIR)/cluster.sh status
 
-k8s-test: build image ## deploy/k8s applied to that node: exact output, day-two steps timed, queries, Prometheus and one alert (about 30 min)
+k8s-test: build image ## deploy/k8s applied to that node: exact output, day-two steps timed, queries, Prometheus and one alert (about 20 min)
 	@bash $(K8S_CLUSTER_DIR)/test.sh
