@@ -51,6 +51,11 @@ CONFIG_RELOADER_IMAGE=localhost/prometheus-config-reloader:v0.85.0
 VOLUME_COUNT=24
 VOLUME_SIZE=20Gi
 
+LOG_TAG=k8s
+# The local stack's helpers: log, die, and process handling (spawn, live_pid, stop_pid).
+# shellcheck source=../../local/stack.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../local/stack.sh"
+
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$SCRIPT_DIR/../../.." && pwd)"
 TOOLS="$SCRIPT_DIR/tools"
@@ -63,15 +68,14 @@ KUBELET_DIR="$K8S_HOME/kubelet"
 VOLUMES="$K8S_HOME/volumes"
 export KUBECONFIG="$PKI/admin.kubeconfig"
 
-log() { printf '[k8s] %s\n' "$*"; }
-die() { printf '[k8s] ERROR: %s\n' "$*" >&2; exit 1; }
+# stack.sh's, with the way out that fits here.
 die_log() {
   local file="$1"; shift
   if [ -f "$file" ]; then
     printf '[k8s] ---- last lines of %s ----\n' "$file" >&2
     tail -n 30 "$file" >&2
   fi
-  die "$*"
+  die "$* (log: $file; what already runs stops with 'cluster.sh down')"
 }
 
 # ---- install --------------------------------------------------------------------------------
@@ -314,24 +318,20 @@ EOF
 }
 
 # ---- processes ------------------------------------------------------------------------------
-live_pid() { # name
-  local file="$RUN/$1.pid" pid
-  [ -f "$file" ] || return 1
-  pid="$(cat "$file")"
-  if kill -0 "$pid" 2>/dev/null; then echo "$pid"; return 0; fi
-  rm -f "$file"; return 1
+# One process of the node: its pid file $RUN/<name>.pid, its log $LOGS/<name>.log, and <name>
+# in its command line (every binary's path or name holds it).
+process_pid() { live_pid "$RUN/$1.pid" "$1"; }
+
+start_process() { # name command...
+  local name="$1"; shift
+  process_pid "$name" >/dev/null && return 0
+  spawn "$RUN/$name.pid" "$LOGS/$name.log" "$@"
 }
 
-spawn() { # name command...
-  local name="$1"; shift
-  live_pid "$name" >/dev/null && return 0
-  # shellcheck disable=SC2016 # $$ and $@ are for the inner bash
-  setsid nohup bash -c 'echo $$ > "$0"; exec "$@"' "$RUN/$name.pid" "$@" \
-    >>"$LOGS/$name.log" 2>&1 </dev/null &
-  local tries=50
-  until [ -s "$RUN/$name.pid" ]; do
-    sleep 0.1; tries=$((tries - 1)); [ "$tries" -gt 0 ] || die_log "$LOGS/$name.log" "$name did not start"
-  done
+stop_process() { # name
+  local pid
+  pid="$(process_pid "$1")" || return 0
+  stop_pid "$1" "$pid" "$RUN/$1.pid"
 }
 
 wait_for() { # what seconds command...
@@ -343,16 +343,6 @@ wait_for() { # what seconds command...
   log "$what"
 }
 
-stop() { # name
-  local pid waited=0
-  pid="$(live_pid "$1")" || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null; do
-    [ "$waited" -lt 150 ] || { kill -KILL "$pid" 2>/dev/null || true; break; }
-    sleep 0.1; waited=$((waited + 1))
-  done
-  rm -f "$RUN/$1.pid"
-}
 
 kubectl() { "$KUBE_BIN/kubectl" "$@"; }
 
@@ -397,11 +387,11 @@ cmd_up() {
   write_configs
   network_up
 
-  spawn etcd etcd --name "$NODE_NAME" --data-dir "$K8S_HOME/etcd" \
+  start_process etcd etcd --name "$NODE_NAME" --data-dir "$K8S_HOME/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls http://127.0.0.1:32380 --initial-advertise-peer-urls http://127.0.0.1:32380 \
     --initial-cluster "$NODE_NAME=http://127.0.0.1:32380"
-  spawn kube-apiserver "$KUBE_BIN/kube-apiserver" \
+  start_process kube-apiserver "$KUBE_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" --advertise-address "$NODE_IP" --secure-port 6443 \
     --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
@@ -413,22 +403,22 @@ cmd_up() {
     --kubelet-preferred-address-types InternalIP
   wait_for "API server answers" "$K8S_UP_TIMEOUT" kubectl get --raw /readyz \
     || die_log "$LOGS/kube-apiserver.log" "the API server did not become ready"
-  spawn kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
+  start_process kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
     --kubeconfig "$PKI/controller-manager.kubeconfig" --leader-elect=false \
     --use-service-account-credentials --service-account-private-key-file "$PKI/service-accounts.key" \
     --root-ca-file "$PKI/ca.crt" --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key"
-  spawn kube-scheduler "$KUBE_BIN/kube-scheduler" --kubeconfig "$PKI/scheduler.kubeconfig" --leader-elect=false
+  start_process kube-scheduler "$KUBE_BIN/kube-scheduler" --kubeconfig "$PKI/scheduler.kubeconfig" --leader-elect=false
 
-  spawn containerd containerd --config "$CONF/containerd.toml"
+  start_process containerd containerd --config "$CONF/containerd.toml"
   wait_for "containerd answers" 30 ctr --address "$CONTAINERD_SOCK" version \
     || die_log "$LOGS/containerd.log" "containerd did not start"
   for archive in "$K8S_HOME"/images/*.tar; do
     ctr --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null
   done
-  spawn kubelet "$KUBE_BIN/kubelet" --config "$CONF/kubelet.yaml" --kubeconfig "$PKI/kubelet.kubeconfig" \
+  start_process kubelet "$KUBE_BIN/kubelet" --config "$CONF/kubelet.yaml" --kubeconfig "$PKI/kubelet.kubeconfig" \
     --root-dir "$KUBELET_DIR" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP"
-  spawn kube-proxy "$KUBE_BIN/kube-proxy" --config "$CONF/kube-proxy.yaml"
-  spawn coredns "$COREDNS_BIN/coredns" -conf "$CONF/Corefile"
+  start_process kube-proxy "$KUBE_BIN/kube-proxy" --config "$CONF/kube-proxy.yaml"
+  start_process coredns "$COREDNS_BIN/coredns" -conf "$CONF/Corefile"
 
   node_stack up
 
@@ -490,7 +480,7 @@ start_prometheus_operator() {
   local module
   module="$(cd "$TOOLS/prometheus-operator" && go list -m -f '{{.Dir}}' github.com/prometheus-operator/prometheus-operator)"
   kubectl apply --server-side -f "$module/example/prometheus-operator-crd/" >/dev/null
-  spawn prometheus-operator "$OPERATOR_BIN/operator" --apiserver "https://$NODE_IP:6443" \
+  start_process prometheus-operator "$OPERATOR_BIN/operator" --apiserver "https://$NODE_IP:6443" \
     --ca-file "$PKI/ca.crt" --cert-file "$PKI/admin.crt" --key-file "$PKI/admin.key" \
     --prometheus-config-reloader "$CONFIG_RELOADER_IMAGE" --web.listen-address 127.0.0.1:38080 \
     --kubelet-service "" --cluster-domain cluster.local
@@ -510,7 +500,7 @@ cmd_load_image() {
 # Pods' containers live on in their shims after the kubelet stops: stop them and unmount
 # what the kubelet mounted, so `down` leaves nothing running and `clean` can delete it all.
 stop_pods() {
-  if live_pid containerd >/dev/null; then
+  if process_pid containerd >/dev/null; then
     local id
     for id in $(ctr --address "$CONTAINERD_SOCK" -n k8s.io tasks list -q 2>/dev/null); do
       ctr --address "$CONTAINERD_SOCK" -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
@@ -526,9 +516,9 @@ stop_pods() {
 cmd_down() {
   node_secured_stack down >/dev/null 2>&1 || true
   node_stack down >/dev/null 2>&1 || true
-  for name in prometheus-operator coredns kube-proxy kubelet; do stop "$name"; done
+  for name in prometheus-operator coredns kube-proxy kubelet; do stop_process "$name"; done
   stop_pods
-  for name in containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done
+  for name in containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_process "$name"; done
   log "down"
 }
 
@@ -544,7 +534,7 @@ cmd_status() {
   local name
   for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy \
       coredns prometheus-operator; do
-    if pid="$(live_pid "$name")"; then printf '%-24s running (pid %s)\n' "$name" "$pid"
+    if pid="$(process_pid "$name")"; then printf '%-24s running (pid %s)\n' "$name" "$pid"
     else printf '%-24s stopped\n' "$name"; fi
   done
   [ -f "$KUBE_BIN/kubectl" ] && kubectl get nodes 2>/dev/null || true
