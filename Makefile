@@ -9,7 +9,7 @@ include deploy/local/stack.mk
 include deploy/local/cluster.mk
 include deploy/k8s/cluster/cluster.mk
 
-.PHONY: help deps build test test-unit lint demo bench bench-scale bench-model bench-embed bench-restore bench-failover bench-queries models
+.PHONY: help deps build test test-unit lint demo bench bench-scale bench-model bench-embed bench-restore bench-failover bench-pause bench-queries models
 
 help: ## list targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -80,6 +80,10 @@ bench-restore: deps up ## changelog restore speed of one joiner task: 600 000 or
 bench-failover: deps up ## failover time after a kill -9, without and with a standby replica, 1M sessions in state (release; bench/failover.sh)
 	$(CARGO) build --release --bins
 	@bash bench/failover.sh
+
+bench-pause: deps up ## how long unmoved tasks stop while a 4th instance joins and one is killed, 1M sessions, ours vs Kafka Streams (release; bench/pause.py)
+	$(CARGO) build --release --bins
+	@bash bench/pause.sh
 
 bench-queries: deps up ## interactive queries' rate and p99, alone and during processing, vs RocksDB point reads (release; bench/queries.py)
 	$(CARGO) build --release --bins

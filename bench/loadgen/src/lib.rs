@@ -6,6 +6,7 @@
 
 pub mod generate;
 pub mod kafka;
+pub mod pauses;
 pub mod procfs;
 pub mod records;
 

@@ -24,6 +24,7 @@ use bench_loadgen::generate::{generator, Clock, Spec};
 use bench_loadgen::kafka::{
     create_topics, delete_topics, now_ms, partitions, runtime, Cluster, Encoders,
 };
+use bench_loadgen::pauses::{self, PausesArgs};
 use bench_loadgen::{procfs, Shape, UseCase};
 use clap::{Parser, Subcommand, ValueEnum};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -95,13 +96,19 @@ enum Command {
         /// of those users, joiner orders with ids from there on.
         #[arg(long, default_value_t = 0)]
         keys: u64,
+        /// Partitions of the input topics when they are created (as `fill`).
+        #[arg(long, default_value_t = 1)]
+        partitions: usize,
     },
     /// Follow a system until its input is processed and its output final.
     Watch(WatchArgs),
-    /// Wait until every group is stable with at least one member.
+    /// Wait until every group (of the classic protocol) is stable with at
+    /// least `--members` members.
     WaitReady {
         #[arg(long = "group", required = true)]
         groups: Vec<String>,
+        #[arg(long, default_value_t = 1)]
+        members: usize,
         /// Fail if this process exits meanwhile.
         #[arg(long)]
         pid: Option<u32>,
@@ -110,6 +117,9 @@ enum Command {
     },
     /// Measure end-to-end latency on output topics.
     Latency(LatencyArgs),
+    /// Time the gaps in a group's committed output while its members
+    /// change, with each input partition's owner (`make bench-pause`).
+    Pauses(PausesArgs),
     /// Create topics with one partition and no retention limit, or delete
     /// the topics of a finished run.
     Topics {
@@ -180,10 +190,12 @@ fn main() -> std::process::ExitCode {
             seed,
             shape,
             keys,
+            partitions,
         } => produce_at_rate(
             &cli.cluster,
             use_case,
             &topics,
+            partitions,
             rate,
             seconds,
             Spec {
@@ -198,9 +210,11 @@ fn main() -> std::process::ExitCode {
         Command::Watch(args) => watch(&cli.cluster, args),
         Command::WaitReady {
             groups,
+            members,
             pid,
             timeout_secs,
-        } => wait_ready(&cli.cluster, &groups, pid, timeout_secs),
+        } => wait_ready(&cli.cluster, &groups, members, pid, timeout_secs),
+        Command::Pauses(args) => pauses::follow(&cli.cluster, args),
         Command::Latency(args) => latency(&cli.cluster, args),
         Command::Topics {
             create,
@@ -352,13 +366,14 @@ fn produce_at_rate(
     cluster: &Cluster,
     use_case: UseCase,
     topics: &[String],
+    partitions: usize,
     rate: f64,
     seconds: f64,
     spec: Spec,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(rate > 0.0 && seconds > 0.0, "rate and seconds must be > 0");
     let rt = runtime()?;
-    create_topics(cluster, &rt, topics, 1)?;
+    create_topics(cluster, &rt, topics, partitions)?;
     let registry = cluster.registry(&rt)?;
     let encoders = Encoders::register(&registry, topics, use_case.input_schemas())?;
     // A short linger: the time a record waits in the client counts in its latency.
@@ -796,6 +811,7 @@ fn scrape_metrics(addr: &str) -> serde_json::Value {
 fn wait_ready(
     cluster: &Cluster,
     groups: &[String],
+    members: usize,
     pid: Option<u32>,
     timeout_secs: u64,
 ) -> anyhow::Result<()> {
@@ -813,7 +829,7 @@ fn wait_ready(
                 .map(|list| {
                     list.groups()
                         .iter()
-                        .any(|g| g.state() == "Stable" && !g.members().is_empty())
+                        .any(|g| g.state() == "Stable" && g.members().len() >= members.max(1))
                 })
                 .unwrap_or(false);
             ready &= stable;

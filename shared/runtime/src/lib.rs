@@ -97,6 +97,7 @@ pub mod window;
 /// Topic and consumer group administration, also for tools such as `streamctl`
 /// (their client configuration: [`client`]).
 pub mod admin {
+    pub use crate::native_admin::{group_members, GroupMember};
     pub use crate::topics::*;
 }
 

@@ -43,7 +43,7 @@ pub(crate) struct GroupDescription {
 
 /// The members of each of `groups` (none for a group that does not exist),
 /// by group.
-pub(crate) fn group_members<C: ClientContext>(
+pub fn group_members<C: ClientContext>(
     client: &Client<C>,
     groups: &[&str],
     timeout: Duration,

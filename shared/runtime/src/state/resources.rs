@@ -108,23 +108,39 @@ impl StateResources {
         options.set_memtable_prefix_bloom_ratio(0.05);
         options.set_compression_type(rocksdb::DBCompressionType::Lz4);
         options.set_max_background_jobs(2);
-        let mut table = BlockBasedOptions::default();
+        let mut table = table_options();
         table.set_block_cache(&self.cache);
-        table.set_bloom_filter(10.0, false);
         // Index and filter blocks live in the block cache, within the
-        // budget, partitioned: a whole-file filter or index is megabytes
-        // once state outgrows memory, and a cache full of data blocks
-        // evicted it and read it back (and checksummed it) for nearly every
-        // point read; partitions are a few KiB each, and the top level,
-        // small, stays pinned with the level-0 files' blocks.
+        // budget (see `table_options`): the top level, small, stays pinned
+        // with the level-0 files' blocks.
         table.set_cache_index_and_filter_blocks(true);
         table.set_cache_index_and_filter_blocks_with_high_priority(true);
-        table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
-        table.set_partition_filters(true);
-        table.set_metadata_block_size(4096);
         table.set_pin_top_level_index_and_filter(true);
         table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         options.set_block_based_table_factory(&table);
         options
     }
+}
+
+/// The layout of the stores' SST files: a bloom filter per key, index and
+/// filter partitioned. A whole-file filter or index is megabytes once state
+/// outgrows memory, and a cache full of data blocks evicted it and read it
+/// back (and checksummed it) for nearly every point read; partitions are a
+/// few KiB each.
+fn table_options() -> BlockBasedOptions {
+    let mut table = BlockBasedOptions::default();
+    table.set_bloom_filter(10.0, false);
+    table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
+    table.set_partition_filters(true);
+    table.set_metadata_block_size(4096);
+    table
+}
+
+/// Options for SST files written beside RocksDB and ingested into a store
+/// (a bulk load of spilled timers): the stores' layout and compression.
+pub(crate) fn ingested_file_options() -> Options {
+    let mut options = Options::default();
+    options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    options.set_block_based_table_factory(&table_options());
+    options
 }

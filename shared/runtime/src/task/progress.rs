@@ -78,17 +78,20 @@ impl<P: Processor> Task<P> {
                 timers.set(stored.domain, stored.key, name.name(), stored.time);
                 Ok(())
             })?,
-            (None, Some(derive)) => derive(
-                &self.processor,
-                &StateView { store: &self.store },
-                &mut DerivedTimers {
-                    timers: &mut timers,
-                    _processor: PhantomData,
-                },
-            )
-            .map_err(|e| {
-                anyhow::anyhow!("task {}: deriving timers from state: {e:#}", self.partition)
-            })?,
+            (None, Some(derive)) => timers
+                .bulk_load(|timers| {
+                    derive(
+                        &self.processor,
+                        &StateView { store: &self.store },
+                        &mut DerivedTimers {
+                            timers,
+                            _processor: PhantomData,
+                        },
+                    )
+                })
+                .map_err(|e| {
+                    anyhow::anyhow!("task {}: deriving timers from state: {e:#}", self.partition)
+                })?,
             (None, None) => unreachable!("a task whose timers are not derived has a timer store"),
         }
         timers.check()?;

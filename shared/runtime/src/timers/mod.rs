@@ -4,6 +4,7 @@
 
 mod queue;
 mod rocksdb_spill;
+mod sorted_runs;
 mod spill;
 mod spill_filter;
 
@@ -180,6 +181,24 @@ impl TaskTimers {
             }
         }
         previous
+    }
+
+    /// Sets timers with `load` as one bulk load, as a task opens: the
+    /// timers spilled meanwhile are gathered and written to the spill store
+    /// at once, at the end (see [`SpillStore::begin_bulk_load`]). For
+    /// timers derived from state: an exact queue, which reads a spilled
+    /// timer before it changes it, writes each as it comes.
+    pub fn bulk_load(
+        &mut self,
+        load: impl FnOnce(&mut Self) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.event_time.begin_bulk_load();
+        self.wall_clock.begin_bulk_load();
+        let loaded = load(self);
+        self.event_time.end_bulk_load();
+        self.wall_clock.end_bulk_load();
+        loaded?;
+        self.check()
     }
 
     /// Removes timer `name` of `key` in `domain`; returns its time.

@@ -443,6 +443,25 @@ impl TimerQueue {
         self.by_time.shrink_to_fit();
     }
 
+    /// Begins a bulk load of the spill store, unless the queue is exact
+    /// (see [`TaskTimers::bulk_load`](super::TaskTimers::bulk_load)).
+    pub(super) fn begin_bulk_load(&mut self) {
+        if let Some(spill) = self.spill.as_mut().filter(|spill| !spill.exact) {
+            if let Err(error) = spill.store.begin_bulk_load() {
+                spill.record(error);
+            }
+        }
+    }
+
+    /// Ends a bulk load of the spill store begun by [`begin_bulk_load`](Self::begin_bulk_load).
+    pub(super) fn end_bulk_load(&mut self) {
+        if let Some(spill) = self.spill.as_mut() {
+            if let Err(error) = spill.store.end_bulk_load() {
+                spill.record(error);
+            }
+        }
+    }
+
     /// Loads the earliest spilled timers into memory until it holds
     /// `refill` bytes (at least one timer); whether any was loaded.
     fn load_spilled(&mut self, refill: usize) -> bool {

@@ -10,17 +10,22 @@
 //! key: a memtable insert resumes its search where the last one ended, so
 //! one sorted batch of many timers costs far less than the same timers
 //! inserted one at a time, their keys by time and by key interleaved.
+//!
+//! A bulk load (timers derived from state as a task opens) writes no
+//! memtable at all: its writes gather in [`SortedRuns`], merged into SST
+//! files that are ingested when it ends.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
+use rocksdb::{IngestExternalFileOptions, ReadOptions, WriteBatch, WriteOptions, DB};
 
+use super::sorted_runs::SortedRuns;
 #[cfg(doc)]
 use super::TimerQueue;
 use super::{SpillStore, TimeDomain};
 use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
-use crate::state::store::{TaskStore, SPILLED_TIMERS};
+use crate::state::store::{ingested_file_options, TaskStore, SPILLED_TIMERS};
 
 /// Key prefixes: timers in firing order, and their times by key and name.
 const BY_TIME: u8 = b'T';
@@ -40,6 +45,8 @@ pub struct TimerSpill {
     /// Writes not yet applied, the last per store key. Reads by key look
     /// here first; scans apply them first.
     unwritten: BTreeMap<Vec<u8>, Unwritten>,
+    /// The writes of a bulk load in progress, instead of `unwritten`.
+    bulk: Option<SortedRuns>,
 }
 
 /// A held-back write of one store key.
@@ -60,7 +67,18 @@ impl TimerSpill {
             domain: domain.tag(),
             taken_up_to: None,
             unwritten: BTreeMap::new(),
+            bulk: None,
         }
+    }
+
+    /// Refuses a read or a removal during a bulk load: only blind writes
+    /// and listing keys are gathered (see [`SpillStore::begin_bulk_load`]).
+    fn not_bulk_loading(&self, what: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.bulk.is_none(),
+            "{what} of a spilled timer during a bulk load"
+        );
+        Ok(())
     }
 
     fn family(&self) -> &rocksdb::ColumnFamily {
@@ -69,23 +87,9 @@ impl TimerSpill {
             .expect("every task store has the spilled timers' family")
     }
 
-    /// `prefix`, the domain, then `key` and `name` in an encoding that sorts
-    /// as the pair: the key's zero bytes escaped, then two zeros.
+    /// A store key of this domain (see [`encode`]).
     fn encode(&self, prefix: u8, time: Option<i64>, key: &str, name: &str) -> Vec<u8> {
-        let mut out = Vec::with_capacity(2 + 8 + key.len() + 2 + name.len());
-        out.extend_from_slice(&[prefix, self.domain]);
-        if let Some(time) = time {
-            out.extend_from_slice(&i64_to_ordered_bytes(time));
-        }
-        for &byte in key.as_bytes() {
-            out.push(byte);
-            if byte == 0 {
-                out.push(0xff);
-            }
-        }
-        out.extend_from_slice(&[0, 0]);
-        out.extend_from_slice(name.as_bytes());
-        out
+        encode(prefix, self.domain, time, key, name)
     }
 
     fn write(&self, batch: WriteBatch) -> anyhow::Result<()> {
@@ -124,6 +128,26 @@ impl TimerSpill {
     }
 }
 
+/// A store key of `domain`: `prefix`, the domain, the time if given, then
+/// `key` and `name` in an encoding that sorts as the pair: the key's zero
+/// bytes escaped, then two zeros.
+fn encode(prefix: u8, domain: u8, time: Option<i64>, key: &str, name: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + 8 + key.len() + 2 + name.len());
+    out.extend_from_slice(&[prefix, domain]);
+    if let Some(time) = time {
+        out.extend_from_slice(&i64_to_ordered_bytes(time));
+    }
+    for &byte in key.as_bytes() {
+        out.push(byte);
+        if byte == 0 {
+            out.push(0xff);
+        }
+    }
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(name.as_bytes());
+    out
+}
+
 /// The time, key and name of a by-time key (after its two prefix bytes).
 fn decode_by_time(bytes: &[u8]) -> anyhow::Result<(i64, String, &str)> {
     anyhow::ensure!(bytes.len() >= 2 + 8, "spilled timer key too short");
@@ -156,6 +180,7 @@ fn decode_key_and_name(bytes: &[u8]) -> anyhow::Result<(String, &str)> {
 
 impl SpillStore for TimerSpill {
     fn get(&self, key: &str, name: &str) -> anyhow::Result<Option<i64>> {
+        self.not_bulk_loading("a read")?;
         let by_key = self.encode(BY_KEY, None, key, name);
         match self.unwritten.get(&by_key) {
             Some(Unwritten::Time(time)) => return Ok(Some(i64_from_ordered_bytes(*time))),
@@ -170,6 +195,11 @@ impl SpillStore for TimerSpill {
 
     fn put(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()> {
         let by_time = self.encode(BY_TIME, Some(time), key, name);
+        if let Some(runs) = &mut self.bulk {
+            let by_key = encode(BY_KEY, self.domain, None, key, name);
+            runs.put(&by_time, &[])?;
+            return runs.put(&by_key, &i64_to_ordered_bytes(time));
+        }
         if self
             .taken_up_to
             .as_ref()
@@ -183,16 +213,35 @@ impl SpillStore for TimerSpill {
     }
 
     fn forget(&mut self, key: &str, name: &str) -> anyhow::Result<()> {
-        self.hold(self.encode(BY_KEY, None, key, name), Unwritten::Delete)
+        let by_key = self.encode(BY_KEY, None, key, name);
+        match &mut self.bulk {
+            Some(runs) => runs.delete(&by_key),
+            None => self.hold(by_key, Unwritten::Delete),
+        }
     }
 
     fn delete(&mut self, time: i64, key: &str, name: &str) -> anyhow::Result<()> {
+        self.not_bulk_loading("a removal")?;
         let by_time = self.encode(BY_TIME, Some(time), key, name);
         self.hold(by_time, Unwritten::Delete)?;
         self.hold(self.encode(BY_KEY, None, key, name), Unwritten::Delete)
     }
 
     fn for_each_spilled(&mut self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
+        if let Some(runs) = &self.bulk {
+            let prefix = [BY_KEY, self.domain];
+            let mut failure = None;
+            runs.for_each_put(&mut |store_key| {
+                if failure.is_some() || !store_key.starts_with(&prefix) {
+                    return;
+                }
+                match decode_key_and_name(&store_key[2..]) {
+                    Ok((key, name)) => each(&key, name),
+                    Err(error) => failure = Some(error),
+                }
+            })?;
+            return failure.map_or(Ok(()), Err);
+        }
         self.apply_unwritten()?;
         let mut options = ReadOptions::default();
         options.set_iterate_lower_bound(vec![BY_KEY, self.domain]);
@@ -213,6 +262,7 @@ impl SpillStore for TimerSpill {
         &mut self,
         take: &mut dyn FnMut(i64, &str, &str) -> bool,
     ) -> anyhow::Result<usize> {
+        self.not_bulk_loading("a take")?;
         self.apply_unwritten()?;
         let mut options = ReadOptions::default();
         options.set_iterate_lower_bound(
@@ -252,6 +302,31 @@ impl SpillStore for TimerSpill {
             self.taken_up_to = last_taken;
         }
         Ok(removed)
+    }
+
+    fn begin_bulk_load(&mut self) -> anyhow::Result<()> {
+        self.apply_unwritten()?;
+        let dir = self
+            .db
+            .path()
+            .join(format!("timers-bulk-{}", self.domain as char));
+        self.bulk = Some(SortedRuns::in_dir(dir)?);
+        Ok(())
+    }
+
+    fn end_bulk_load(&mut self) -> anyhow::Result<()> {
+        let Some(mut runs) = self.bulk.take() else {
+            return Ok(());
+        };
+        // One file by key and one by time: this domain's two key ranges.
+        let files = runs.merge_into_sst_files(1, &ingested_file_options())?;
+        if !files.is_empty() {
+            let mut options = IngestExternalFileOptions::default();
+            options.set_move_files(true);
+            self.db
+                .ingest_external_file_cf_opts(self.family(), &options, files)?;
+        }
+        Ok(())
     }
 }
 
@@ -363,5 +438,79 @@ mod tests {
         live.sort();
         assert_eq!(taken, live, "moved timers come once, at their new time");
         assert!(spill.unwritten.is_empty());
+    }
+
+    /// Pops every timer of `timers` in firing order, with the spilled count
+    /// and the time `get` answers for `probe` before the first pop.
+    fn drained(
+        mut timers: super::super::TaskTimers,
+        probe: &str,
+    ) -> (usize, Option<i64>, Vec<(i64, String)>) {
+        let spilled = timers.spilled();
+        let probed = timers.get(TimeDomain::EventTime, probe, "t");
+        let mut fired = Vec::new();
+        while let Some(entry) = timers.pop_due(TimeDomain::EventTime, i64::MAX) {
+            fired.push((entry.time, entry.key.to_string()));
+        }
+        timers.check().unwrap();
+        (spilled, probed, fired)
+    }
+
+    #[test]
+    fn a_bulk_load_spills_and_fires_like_timers_set_one_by_one() {
+        use super::super::TaskTimers;
+        // Times in no order, a key set twice and another removed meanwhile
+        // (its filter answer may be wrong: a blind removal either way), far
+        // more timers than the budget holds.
+        let load = |timers: &mut TaskTimers| {
+            for i in 0..30_000i64 {
+                let time = (i * 7_919) % 30_011;
+                timers.set(TimeDomain::EventTime, &format!("k{i:05}"), "t", time);
+            }
+            timers.set(TimeDomain::EventTime, "k00007", "t", 99_999);
+            timers.remove(TimeDomain::EventTime, "k00011", "t");
+            Ok(())
+        };
+        let budget = 64 << 10;
+        let one_by_one = {
+            let (store, _dir) = crate::state::store::tests::temp_store(&[]);
+            let mut timers = TaskTimers::spilling(budget, false, |domain| {
+                Box::new(TimerSpill::of(&store, domain))
+            });
+            load(&mut timers).unwrap();
+            drained(timers, "k00007")
+        };
+        let (store, dir) = crate::state::store::tests::temp_store(&[]);
+        let mut timers = TaskTimers::spilling(budget, false, |domain| {
+            Box::new(TimerSpill::of(&store, domain))
+        });
+        timers.bulk_load(load).unwrap();
+        let files = |level: usize| {
+            let family = store.database();
+            let family = family.cf_handle(SPILLED_TIMERS).unwrap();
+            store
+                .database()
+                .property_int_value_cf(family, &format!("rocksdb.num-files-at-level{level}"))
+                .unwrap()
+                .unwrap()
+        };
+        assert!(
+            (0..7).map(files).sum::<u64>() >= 2,
+            "ingested: by key and by time"
+        );
+        let bulk = drained(timers, "k00007");
+        assert!(
+            one_by_one.0 > 25_000,
+            "most timers spilled: {}",
+            one_by_one.0
+        );
+        assert_eq!(bulk.0, one_by_one.0);
+        assert_eq!(bulk.1, Some(99_999), "the last set wins");
+        assert_eq!(bulk.2.len(), 29_999);
+        assert_eq!(bulk, one_by_one);
+        assert!(
+            !dir.join("timers-bulk-e").exists(),
+            "the sorted runs are gone"
+        );
     }
 }

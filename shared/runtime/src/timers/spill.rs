@@ -35,6 +35,20 @@ pub trait SpillStore: Send {
         &mut self,
         take: &mut dyn FnMut(i64, &str, &str) -> bool,
     ) -> anyhow::Result<usize>;
+
+    /// Begins a bulk load into an empty store: until [`end_bulk_load`](Self::end_bulk_load),
+    /// only blind writes ([`put`](Self::put), [`forget`](Self::forget)) and
+    /// [`for_each_spilled`](Self::for_each_spilled) may be called, and a
+    /// store may gather them to write them at once (a store that does not
+    /// writes each as it comes).
+    fn begin_bulk_load(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Ends a bulk load: every write gathered since its beginning is in the store.
+    fn end_bulk_load(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ use super::format;
 use super::layer::Layer;
 use super::open_stores::{Registration, StoreRole};
 use super::read_cache::ReadCache;
+pub(crate) use super::resources::ingested_file_options;
 use super::resources::MemoryShares;
 pub use super::resources::StateResources;
 pub use super::restore_batch::RestoreBatch;

@@ -27,7 +27,8 @@ import org.apache.kafka.streams.processor.TimestampExtractor;
  *     [--bootstrap-servers 127.0.0.1:9092] [--schema-registry-url http://127.0.0.1:8081]
  *     [--state-dir DIR] [--processing-guarantee exactly_once_v2|at_least_once]
  *     [--schemas-dir shared/schemas/avro] [--window-interval-ms 300000]
- *     [--group-by customer_id|product_id|order_id]
+ *     [--group-by customer_id|product_id|order_id] [--standby-replicas 0]
+ *     [--group-session-timeout-ms MS]
  * </pre>
  *
  * Use cases: sessionizer, order-shipment-joiner, sensor-fusion, window-aggregator (global, or
@@ -139,6 +140,15 @@ public final class Main {
         props.put(StreamsConfig.producerPrefix(ProducerConfig.LINGER_MS_CONFIG), 5);
         props.put(StreamsConfig.producerPrefix(ProducerConfig.COMPRESSION_TYPE_CONFIG), "lz4");
         props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
+        // Rebalance benchmarks (make bench-pause): standbys, and how soon
+        // the group notices a member killed.
+        props.put(StreamsConfig.NUM_STANDBY_REPLICAS_CONFIG,
+                Integer.parseInt(options.getOrDefault("standby-replicas", "0")));
+        if (options.containsKey("group-session-timeout-ms")) {
+            props.put(StreamsConfig.consumerPrefix(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG),
+                    Integer.parseInt(options.get("group-session-timeout-ms")));
+            props.put(StreamsConfig.consumerPrefix(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG), 1000);
+        }
 
         KafkaStreams streams = new KafkaStreams(topology, props);
         CountDownLatch stopped = new CountDownLatch(1);
