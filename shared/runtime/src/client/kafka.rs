@@ -57,10 +57,38 @@ pub(crate) fn member_id(base: &str, index: usize) -> String {
     }
 }
 
+/// How a stage's partitions are spread over the group's members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Assignor {
+    /// `range` (librdkafka's, or the broker's under KIP-848): equal-numbered
+    /// partitions of co-partitioned topics land together, the co-location a
+    /// task of several topics needs, and the split standby placement
+    /// predicts. Every classic rebalance with it is eager.
+    Range,
+    /// `cooperative-sticky` (classic) or the broker's `uniform` (KIP-848):
+    /// a rebalance moves only the partitions it must, incrementally, and
+    /// the other tasks never stop. For a stage of one topic, whose task is
+    /// one partition, without standbys.
+    Sticky,
+}
+
+impl Assignor {
+    /// The assignor of a stage reading `source_topics` topics, with
+    /// `standby_replicas`.
+    pub(crate) fn for_stage(source_topics: usize, standby_replicas: usize) -> Self {
+        if source_topics == 1 && standby_replicas == 0 {
+            Assignor::Sticky
+        } else {
+            Assignor::Range
+        }
+    }
+}
+
 /// The settings of a stage's group consumer (one per processing thread).
 pub(crate) fn group_consumer_config(
     base: &ClientConfig,
     protocol: GroupProtocol,
+    assignor: Assignor,
     application_id: &str,
     client_id: &str,
     group_instance_id: Option<&str>,
@@ -99,16 +127,21 @@ pub(crate) fn group_consumer_config(
     if config.get("queued.max.messages.kbytes").is_none() {
         config.set("queued.max.messages.kbytes", CONSUMER_PREFETCH_KIB);
     }
-    match protocol {
-        // Range hands out equal-numbered partitions of co-partitioned topics
-        // together: the co-location every task needs.
-        GroupProtocol::Classic => {
+    match (protocol, assignor) {
+        (GroupProtocol::Classic, Assignor::Range) => {
             config.set("partition.assignment.strategy", "range");
         }
-        GroupProtocol::Consumer => {
+        (GroupProtocol::Classic, Assignor::Sticky) => {
+            config.set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        (GroupProtocol::Consumer, _) => {
             config.set("group.protocol", "consumer");
             if config.get("group.remote.assignor").is_none() {
-                config.set("group.remote.assignor", "range");
+                let remote = match assignor {
+                    Assignor::Range => "range",
+                    Assignor::Sticky => "uniform",
+                };
+                config.set("group.remote.assignor", remote);
             }
         }
     }
