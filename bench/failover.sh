@@ -57,6 +57,9 @@ python3 - <<'PY'
 import datetime, json, os, shutil, signal, socket, subprocess, sys, threading, time
 import urllib.error, urllib.request
 
+sys.path.insert(0, "bench")
+from run import stop_process  # noqa: E402
+
 BIN, STREAMCTL, WORK = os.environ["BIN"], os.environ["STREAMCTL"], os.environ["WORK"]
 RUN, SCHEMA, RESULTS = os.environ["RUN"], os.environ["SCHEMA"], os.environ["RESULTS"]
 USERS = int(os.environ["USERS"])
@@ -223,13 +226,7 @@ class Instance:
             raise SystemExit(f"an instance exited with {self.proc.returncode}:\n{tail}")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 60)
 
 
 def wait_until(what, timeout_s, condition, instances):

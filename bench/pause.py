@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from run import BIN, JAR, JAVA_OPTS, ROOT, TAG, loadgen, log
+from run import BIN, JAR, JAVA_OPTS, ROOT, TAG, loadgen, log, stop_process
 
 SYSTEMS = os.environ.get("PAUSE_SYSTEMS", "ours ours-consumer-protocol kafka-streams").split()
 ROUNDS = int(os.environ.get("BENCH_RUNS", "1"))
@@ -97,13 +97,7 @@ class Instance:
             raise SystemExit(f"an instance exited with {self.proc.returncode}: see {self.log_path}")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 60)
         self.log.close()
 
 

@@ -203,6 +203,17 @@ def loadgen(*args, check=True):
     return json.loads(line)
 
 
+def stop_process(process, timeout):
+    """SIGTERM, then SIGKILL if `process` has not exited within `timeout` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def service_flags(name, use_case, shape, live):
     flags = SHAPE_FLAGS.get((use_case, shape), {}).get(name, {})
     if live:
@@ -266,14 +277,8 @@ class System:
         return loadgen(*args, check=False)
 
     def stop(self):
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
         if self.process:
+            stop_process(self.process, 20)
             self.log.close()
         shutil.rmtree(self.state_dir, ignore_errors=True)
 

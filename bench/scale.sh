@@ -7,13 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}"
-for binary in loadgen streamctl sessionizer order-shipment-joiner window-aggregator; do
-  [ -x "$BIN/$binary" ] || { echo "$BIN/$binary is not built (cargo build --release --bins)" >&2; exit 1; }
-done
-peer=bench/peers/kafka-streams
-if [[ " ${SCALE_SYSTEMS:-kafka-streams} " == *" kafka-streams "* ]] && { [ ! -f "$peer/target/ks-peer.jar" ] \
-    || [ -n "$(find "$peer/pom.xml" "$peer/src" -newer "$peer/target/ks-peer.jar" -print -quit)" ]; }; then
-  mvn -q -B -f "$peer/pom.xml" package -DskipTests >&2
+. bench/prepare.sh
+need_binaries loadgen streamctl sessionizer order-shipment-joiner window-aggregator
+if [[ " ${SCALE_SYSTEMS:-kafka-streams} " == *" kafka-streams "* ]]; then
+  build_peer
 fi
 BIN_DIR="$BIN" exec python3 bench/scale.py

@@ -10,17 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}"
-for binary in loadgen rawcopy streamctl sessionizer order-shipment-joiner sensor-fusion window-aggregator; do
-  [ -x "$BIN/$binary" ] || { echo "missing $BIN/$binary: run cargo build --release --bins" >&2; exit 1; }
-done
-command -v java >/dev/null && command -v mvn >/dev/null \
-  || { echo "the Kafka Streams peer needs java (17+) and mvn" >&2; exit 1; }
-
-JAR=bench/peers/kafka-streams/target/ks-peer.jar
-if [ ! -f "$JAR" ] || [ -n "$(find bench/peers/kafka-streams/pom.xml bench/peers/kafka-streams/src -newer "$JAR" -print -quit)" ]; then
-  echo "building the Kafka Streams peer ($JAR)..." >&2
-  mvn -q -B -f bench/peers/kafka-streams/pom.xml package -DskipTests >&2
-fi
+. bench/prepare.sh
+need_binaries loadgen rawcopy streamctl sessionizer order-shipment-joiner sensor-fusion window-aggregator
+build_peer
 
 BIN_DIR="$BIN" exec python3 bench/run.py

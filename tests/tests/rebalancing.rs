@@ -1,11 +1,9 @@
 //! Instances join and leave, and only the tasks that move stop: under
-//! incremental rebalancing (`--group-protocol consumer`, KIP-848; and the
-//! classic protocol's `cooperative-sticky` for a stage of one topic) tasks
+//! incremental rebalancing (`--group-protocol consumer`, KIP-848) tasks
 //! move one at a time and the others never stop; under the classic
-//! protocol's eager rebalances (`range`, for stages of several topics)
-//! every task pauses, but those given back to the instance that had them
-//! run on as they were instead of closing and opening again. Every task
-//! keeps its partitions together.
+//! protocol's eager rebalances every task pauses, but those given back to
+//! the instance that had them run on as they were instead of closing and
+//! opening again. Every task keeps its partitions together.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -21,7 +19,7 @@ struct Run {
     inputs: Inputs,
     output: String,
     arguments: Vec<String>,
-    /// Whether its rebalances are incremental: KIP-848, or one topic.
+    /// Whether its rebalances are incremental (KIP-848).
     incremental: bool,
 }
 
@@ -76,7 +74,7 @@ impl Run {
             "--group-protocol",
             protocol,
         ]));
-        let incremental = protocol == "consumer" || matches!(inputs, Inputs::UserEvents(_));
+        let incremental = protocol == "consumer";
         Run {
             service,
             inputs,
@@ -231,18 +229,23 @@ fn eager_rebalances_close_only_the_tasks_that_moved() {
     join_and_leave(&Run::joiner("classic"));
 }
 
-/// A stage of one topic under the classic protocol rebalances with
-/// `cooperative-sticky`: incremental, so no instance sets its tasks aside,
-/// and sticky, so a joining instance takes one task (6 over 4: 2, 2, 1, 1)
-/// and a leaving one's tasks are the only ones that move.
+/// A stage of one topic under KIP-848 gets the broker's `uniform`
+/// assignor, which is sticky: a joining instance takes one task (6 over 4:
+/// 2, 2, 1, 1) and a leaving one's tasks are the only ones that move, every
+/// time. The broker's `range`, which a stage of several topics needs,
+/// re-derives the ranges from its members' order, so how much it moves
+/// depends on where the newcomer lands (`make bench-pause` saw it move 5
+/// of 6 tasks at a join); two rounds give it two chances to.
 #[test]
-fn a_one_topic_stage_rebalances_incrementally_under_the_classic_protocol() {
-    let (joined, left) = join_and_leave(&Run::sessionizer("classic"));
-    assert_eq!(
-        (joined, left),
-        (1, 0),
-        "tasks moved at the join, and at the leave besides the leaver's"
-    );
+fn a_one_topic_stage_moves_only_the_tasks_it_must_under_kip_848() {
+    for round in 0..2 {
+        let (joined, left) = join_and_leave(&Run::sessionizer("consumer"));
+        assert_eq!(
+            (joined, left),
+            (1, 0),
+            "round {round}: tasks moved at the join, and at the leave besides the leaver's"
+        );
+    }
 }
 
 /// Three instances, a fourth joins, one leaves; output exact throughout,

@@ -51,6 +51,19 @@ impl Cluster {
         Ok(config.create()?)
     }
 
+    /// A consumer that reads committed records only, fetching as soon as
+    /// any arrive (for timing arrivals), in group `group` (which it never
+    /// joins: it is assigned its partitions).
+    pub fn committed_reader(&self, group: &str) -> anyhow::Result<BaseConsumer> {
+        let mut config = self.client_config();
+        config
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "5");
+        Ok(config.create()?)
+    }
+
     /// A registry client.
     pub fn registry(&self, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Registry> {
         let settings = RegistrySettings {

@@ -984,13 +984,7 @@ fn latency(cluster: &Cluster, args: LatencyArgs) -> anyhow::Result<()> {
         registry: cluster.registry(&rt)?,
         readers: HashMap::new(),
     };
-    let mut config = cluster.client_config();
-    config
-        .set("group.id", "loadgen-latency")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "5");
-    let consumer: BaseConsumer = config.create()?;
+    let consumer = cluster.committed_reader("loadgen-latency")?;
     assign_from_beginning(&consumer, &args.outputs)?;
     let mut seen: Vec<(i64, Trigger)> = Vec::new();
     let mut undecodable = 0u64;

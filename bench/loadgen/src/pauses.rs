@@ -54,13 +54,7 @@ fn now_ms() -> i64 {
 /// partition, and the owner (member id) of each input partition at each
 /// sample where one changed.
 pub fn follow(cluster: &Cluster, args: PausesArgs) -> anyhow::Result<()> {
-    let mut config = cluster.client_config();
-    config
-        .set("group.id", "loadgen-pauses")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "5");
-    let consumer: BaseConsumer = config.create()?;
+    let consumer = cluster.committed_reader("loadgen-pauses")?;
     let metadata = consumer.fetch_metadata(Some(&args.output), Duration::from_secs(10))?;
     let partitions = metadata
         .topics()

@@ -11,7 +11,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::ClientConfig;
 
 use crate::avro::{writer_schema_id, Registry, SchemaSource};
-use crate::client::kafka::{client_id, group_consumer_config, instance_id, member_id, Assignor};
+use crate::client::kafka::{client_id, group_consumer_config, instance_id, member_id};
 use crate::client::RegistrySettings;
 use crate::clock::Clock;
 use crate::config::{InternalTopicArgs, ProcessingGuarantee, RuntimeArgs};
@@ -417,7 +417,7 @@ impl<P: Processor> StagePlan<P> {
         let mut config = group_consumer_config(
             &env.client_config,
             args.group_protocol,
-            Assignor::for_stage(self.sources.len(), args.standby_replicas),
+            self.sources.len(),
             &self.application_id,
             &client_id(&self.instance, thread.index),
             group_instance_id.as_deref(),

@@ -57,38 +57,11 @@ pub(crate) fn member_id(base: &str, index: usize) -> String {
     }
 }
 
-/// How a stage's partitions are spread over the group's members.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Assignor {
-    /// `range` (librdkafka's, or the broker's under KIP-848): equal-numbered
-    /// partitions of co-partitioned topics land together, the co-location a
-    /// task of several topics needs, and the split standby placement
-    /// predicts. Every classic rebalance with it is eager.
-    Range,
-    /// `cooperative-sticky` (classic) or the broker's `uniform` (KIP-848):
-    /// a rebalance moves only the partitions it must, incrementally, and
-    /// the other tasks never stop. For a stage of one topic, whose task is
-    /// one partition, without standbys.
-    Sticky,
-}
-
-impl Assignor {
-    /// The assignor of a stage reading `source_topics` topics, with
-    /// `standby_replicas`.
-    pub(crate) fn for_stage(source_topics: usize, standby_replicas: usize) -> Self {
-        if source_topics == 1 && standby_replicas == 0 {
-            Assignor::Sticky
-        } else {
-            Assignor::Range
-        }
-    }
-}
-
 /// The settings of a stage's group consumer (one per processing thread).
 pub(crate) fn group_consumer_config(
     base: &ClientConfig,
     protocol: GroupProtocol,
-    assignor: Assignor,
+    source_topics: usize,
     application_id: &str,
     client_id: &str,
     group_instance_id: Option<&str>,
@@ -127,19 +100,28 @@ pub(crate) fn group_consumer_config(
     if config.get("queued.max.messages.kbytes").is_none() {
         config.set("queued.max.messages.kbytes", CONSUMER_PREFETCH_KIB);
     }
-    match (protocol, assignor) {
-        (GroupProtocol::Classic, Assignor::Range) => {
+    match protocol {
+        // Range hands out equal-numbered partitions of co-partitioned topics
+        // together: the co-location every task needs. Its rebalances are
+        // eager, but the tasks given back run on as they were. For a stage
+        // of one topic `cooperative-sticky` would do, and was measured
+        // (`make bench-pause`, 2026-12-06): the tasks that kept their owner
+        // stopped for 0.46-0.49 s while a fourth instance joined, against
+        // 0.08-0.10 s eager, so it is not used.
+        GroupProtocol::Classic => {
             config.set("partition.assignment.strategy", "range");
         }
-        (GroupProtocol::Classic, Assignor::Sticky) => {
-            config.set("partition.assignment.strategy", "cooperative-sticky");
-        }
-        (GroupProtocol::Consumer, _) => {
+        // The broker's `range` re-derives the ranges from the sorted members
+        // and moves tasks that need not move (a fourth sessionizer moved 5
+        // of 6 tasks); its `uniform` is sticky (it moved 1) but spreads each
+        // topic on its own, which only a stage of one topic can take.
+        GroupProtocol::Consumer => {
             config.set("group.protocol", "consumer");
             if config.get("group.remote.assignor").is_none() {
-                let remote = match assignor {
-                    Assignor::Range => "range",
-                    Assignor::Sticky => "uniform",
+                let remote = if source_topics == 1 {
+                    "uniform"
+                } else {
+                    "range"
                 };
                 config.set("group.remote.assignor", remote);
             }
