@@ -6,7 +6,7 @@ use crate::clock::Clock;
 use crate::processor::Processor;
 use crate::state::open_stores::StoreRole;
 use crate::state::store::TaskStore;
-use crate::task::{InputKind, Task};
+use crate::task::{stored_positions, InputKind, Task};
 
 /// Opens tasks of one engine, on whichever thread: a clone of its
 /// processor, its inputs' kinds and its clock.
@@ -124,6 +124,30 @@ impl<P: Processor> Engine<P> {
     /// Whether task `partition` is suspended.
     pub fn is_suspended(&self, partition: i32) -> bool {
         self.suspended.contains_key(&partition)
+    }
+
+    /// Whether suspended task `partition` committed its inputs `topics` up
+    /// to `committed`, the group's committed offsets of them. Not if the
+    /// group gave the task to another member while it was set aside (this
+    /// one's assignment was lost) and that one went on and committed: its
+    /// state is then stale.
+    pub fn suspended_task_is_current(
+        &mut self,
+        partition: i32,
+        topics: &[&str],
+        committed: &[Option<i64>],
+    ) -> anyhow::Result<bool> {
+        match self.suspended.get_mut(&partition) {
+            Some(task) => Ok(stored_positions(&mut task.store, topics)? == committed),
+            None => Ok(false),
+        }
+    }
+
+    /// Closes suspended task `partition`, if there is one.
+    pub fn close_suspended_task(&mut self, partition: i32) {
+        if self.suspended.remove(&partition).is_some() {
+            tracing::info!(partition, "task closed");
+        }
     }
 
     /// Closes every suspended task (the assignment gave them to others) and

@@ -207,6 +207,17 @@ impl<P: Processor> KafkaStage<P> {
             return Ok(());
         }
         let was_incomplete = self.incomplete.remove(&partition);
+        if self.engine.is_suspended(partition) {
+            let committed = committed_for(consumer, &owned, partition)?;
+            if !(self.engine).suspended_task_is_current(partition, &owned, &committed)? {
+                tracing::warn!(
+                    partition,
+                    "task {partition} went on elsewhere while it was set aside: \
+                     it opens again from its changelogs"
+                );
+                self.engine.close_suspended_task(partition);
+            }
+        }
         if self.engine.resume_task(partition) {
             tracing::info!(partition, "task resumed");
         }
@@ -288,6 +299,10 @@ impl<P: Processor> KafkaStage<P> {
         // An eager rebalance takes every partition back, and the assignment
         // that follows mostly gives them back: the tasks wait for it as they
         // are, instead of closing and opening again (reloading their timers).
+        // If the group gives one to another member meanwhile (this one's
+        // assignment was lost: its session expired while the broker was
+        // away), that one may go on and commit it: a task given back is
+        // checked against the committed offsets before it runs again.
         if matches!(consumer.rebalance_protocol(), RebalanceProtocol::Eager) {
             let tasks = self.engine.suspend_tasks();
             tracing::info!(?tasks, "tasks set aside for the rebalance");
