@@ -143,6 +143,19 @@ impl<P: Processor> Engine<P> {
         }
     }
 
+    /// The offset of input `topic` that open task `partition` committed
+    /// with its state, if it records one (`topic` feeds the task).
+    pub fn committed_position(
+        &mut self,
+        partition: i32,
+        topic: &str,
+    ) -> anyhow::Result<Option<i64>> {
+        match self.tasks.get_mut(&partition) {
+            Some(task) => Ok(stored_positions(&mut task.store, &[topic])?.pop().flatten()),
+            None => Ok(None),
+        }
+    }
+
     /// Closes suspended task `partition`, if there is one.
     pub fn close_suspended_task(&mut self, partition: i32) {
         if self.suspended.remove(&partition).is_some() {

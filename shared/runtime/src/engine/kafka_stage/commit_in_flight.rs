@@ -172,6 +172,16 @@ impl<P: Processor> KafkaStage<P> {
     }
 
     /// The group's committed offsets, waiting while the broker is unreachable.
+    ///
+    /// After a broker restart the group's offsets were seen held back for
+    /// minutes (an OffsetFetch that requires stable offsets, with a
+    /// transaction the broker had not resolved). What the tasks' committed
+    /// state says is the same answer when no rebalance came between: each
+    /// task's progress store records, with every commit, the input offsets
+    /// committed with it. So once the broker has not answered, those are
+    /// used, if every assigned partition's task has them; a task given
+    /// back by a later rebalance is checked against the group's offsets
+    /// anyway (`resume_task`'s caller).
     pub(super) fn committed_offsets(
         &mut self,
         consumer: &GroupConsumer<P>,
@@ -180,6 +190,13 @@ impl<P: Processor> KafkaStage<P> {
             match consumer.committed(Duration::from_secs(10)) {
                 Ok(offsets) => return Ok(offsets),
                 Err(error) if !self.engine.shutdown_requested() => {
+                    if let Some(local) = self.positions_of_last_commit(consumer)? {
+                        tracing::warn!(
+                            %error,
+                            "cannot read committed offsets; using those the tasks' state committed"
+                        );
+                        return Ok(local);
+                    }
                     tracing::warn!(%error, "cannot read committed offsets yet; retrying");
                     // The run loop, which checks otherwise, waits for this.
                     self.brokers.check(consumer.client());
@@ -188,6 +205,28 @@ impl<P: Processor> KafkaStage<P> {
                 Err(error) => anyhow::bail!("reading committed offsets: {error}"),
             }
         }
+    }
+
+    /// The offsets each assigned partition's task committed with its state,
+    /// or none if some partition has no open task or no such record.
+    fn positions_of_last_commit(
+        &mut self,
+        consumer: &GroupConsumer<P>,
+    ) -> anyhow::Result<Option<TopicPartitionList>> {
+        let mut positions = TopicPartitionList::new();
+        for element in consumer.assignment()?.elements() {
+            let position =
+                (self.engine).committed_position(element.partition(), element.topic())?;
+            let Some(offset) = position else {
+                return Ok(None);
+            };
+            positions.add_partition_offset(
+                element.topic(),
+                element.partition(),
+                Offset::Offset(offset),
+            )?;
+        }
+        Ok(Some(positions))
     }
 
     /// Final commit and flush on shutdown.
