@@ -295,6 +295,41 @@ fn two_instances_survive_losing_one() {
     assert_same_records(&output, &run.expected, &second.log());
 }
 
+/// An instance killed with a transaction open: once the group drops it, the
+/// other instance fences its transactional id, which aborts the open
+/// transaction at once. Until then the killed instance's open transaction
+/// holds back every read_committed reader of the partitions it wrote, the
+/// output's included; with a transaction timeout of 10 minutes, waiting
+/// for it would outlast this test's wait for the output.
+#[test]
+fn a_killed_instance_s_open_transaction_is_aborted_once_the_group_drops_it() {
+    let run = prepare_unproduced(
+        4,
+        4_000,
+        &[
+            "--commit-interval",
+            "30s",
+            "--kafka",
+            "transaction.timeout.ms=600000",
+        ],
+    );
+    let first = Service::start_with_state("sessionizer", &run.arguments, fresh_state_dir());
+    let second = Service::start_with_state("sessionizer", &run.arguments, fresh_state_dir());
+    second.wait_ready(Duration::from_secs(60));
+    first.wait_ready(Duration::from_secs(60));
+    run.produce_input();
+    // Consumed, not committed: the first commit comes 30 s in.
+    wait_for_progress(&first, &run, 1_000.0);
+    first.kill();
+    let output = wait_for_records(&run.output, run.expected.len(), Duration::from_secs(150));
+    assert_same_records(&output, &run.expected, &second.log());
+    let log = second.log();
+    assert!(
+        log.contains("fenced its transactional id"),
+        "the remaining instance did not fence the killed one:\n{log}"
+    );
+}
+
 /// A commit interval longer than the transaction timeout (60 s against
 /// 10 s): a transaction open for a quarter of the timeout is committed
 /// whatever the interval, so the output comes within seconds and no

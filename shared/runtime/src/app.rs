@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::client::{redact, RedactingStderr};
 use crate::config::{LogFormat, ProcessingGuarantee, RuntimeArgs};
+use crate::delivery::DepartedMemberFencer;
 use crate::describe::{
     acl_grants, describe_stage, render_acls, AclFormat, AclPurpose, PatternType,
     ServiceDescription, StageDescription, StrimziArgs,
@@ -653,7 +654,10 @@ impl<P: Processor> StageSpec for Stage<P> {
         let standby = threads
             .standby
             .map(|standby| Box::new(standby) as Box<dyn PreparedStage>);
-        Ok(processing.chain(standby).collect())
+        let fencer = threads
+            .fencer
+            .map(|fencer| Box::new(fencer) as Box<dyn PreparedStage>);
+        Ok(processing.chain(standby).chain(fencer).collect())
     }
 
     #[cfg(feature = "test-utils")]
@@ -681,6 +685,14 @@ impl<P: Processor> PreparedStage for RunningStage<P> {
         };
         let _entered = span.enter();
         run_stage(self.consumer, &self.shutdown)
+    }
+}
+
+impl PreparedStage for DepartedMemberFencer {
+    fn run(self: Box<Self>) -> anyhow::Result<()> {
+        let _entered = tracing::info_span!("fencing").entered();
+        DepartedMemberFencer::run(*self);
+        Ok(())
     }
 }
 

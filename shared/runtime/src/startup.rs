@@ -11,11 +11,13 @@ use rdkafka::consumer::Consumer;
 use rdkafka::ClientConfig;
 
 use crate::avro::{writer_schema_id, Registry, SchemaSource};
-use crate::client::kafka::{client_id, group_consumer_config, instance_id, member_id};
+use crate::client::kafka::{
+    client_id, group_consumer_config, instance_id, member_id, transactional_id, GroupProtocol,
+};
 use crate::client::RegistrySettings;
 use crate::clock::Clock;
 use crate::config::{InternalTopicArgs, ProcessingGuarantee, RuntimeArgs};
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, DepartedMemberFencer};
 use crate::engine::kafka_stage::{GroupConsumer, KafkaStage, KafkaStageParts, StageContext};
 use crate::metrics::Metrics;
 use crate::planning::{
@@ -106,10 +108,12 @@ struct StagePlan<P: Processor> {
 }
 
 /// A stage's threads, ready to run: its processing threads (each with its
-/// consumer) and, with `--standby-replicas`, its standby thread.
+/// consumer), with `--standby-replicas` its standby thread, and under
+/// exactly-once in a classic group the fencer of departed members.
 pub(crate) struct PreparedThreads<P: Processor> {
     pub processing: Vec<(StreamThread, GroupConsumer<P>)>,
     pub standby: Option<StandbyUpdater>,
+    pub fencer: Option<DepartedMemberFencer>,
 }
 
 /// Checks and creates stage `name`'s topics, then builds every processing
@@ -149,6 +153,18 @@ pub(crate) fn prepare_stage<P: Processor>(
         0 => None,
         replicas => Some(plan.standby_updater(env, replicas, &consumers[0].1)?),
     };
+    let fences = env.args.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2
+        && env.args.group_protocol == GroupProtocol::Classic;
+    let fencer = fences
+        .then(|| {
+            DepartedMemberFencer::new(
+                &env.client_config,
+                &plan.application_id,
+                &plan.instance,
+                env.shutdown.clone(),
+            )
+        })
+        .transpose()?;
     env.queryable.push(plan.queryable(env, &consumers[0].1));
     tracing::info!(
         application_id = plan.application_id,
@@ -162,6 +178,7 @@ pub(crate) fn prepare_stage<P: Processor>(
     Ok(PreparedThreads {
         processing: consumers,
         standby,
+        fencer,
     })
 }
 
@@ -207,10 +224,7 @@ fn plan_stage<P: Processor>(
         Some(instance) => instance.clone(),
         None => instance_id(&state_dir)?,
     };
-    let transactional_base = match args.processing_guarantee {
-        ProcessingGuarantee::ExactlyOnceV2 => Some(format!("{application_id}-{instance}")),
-        ProcessingGuarantee::AtLeastOnce => None,
-    };
+    let exactly_once = args.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2;
 
     // Three independent sets of round trips, side by side rather than one
     // after the other: the topic checks and creations, the output schema's
@@ -230,9 +244,8 @@ fn plan_stage<P: Processor>(
         let producing = scope.spawn(|| {
             StreamThread::all(args.stream_threads)
                 .map(|thread| {
-                    let id = transactional_base
-                        .as_deref()
-                        .map(|base| thread.member_id(base));
+                    let id = exactly_once
+                        .then(|| transactional_id(&application_id, &instance, thread.index));
                     let mut config = env.client_config.clone();
                     config.set("compression.type", args.compression_type.as_str());
                     Delivery::new(config, id.as_deref(), Some(&env.shutdown))

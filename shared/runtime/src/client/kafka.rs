@@ -1,6 +1,6 @@
 //! What every librdkafka client of a stage is configured with beyond the
 //! shared properties, and how each is named: group consumers, changelog
-//! readers, client ids, member ids and instance ids. (The producer's
+//! readers, client ids, member ids, instance ids and transactional ids. (The producer's
 //! settings are `Delivery`'s.)
 
 use std::path::Path;
@@ -55,6 +55,14 @@ pub(crate) fn member_id(base: &str, index: usize) -> String {
         0 => base.to_string(),
         index => format!("{base}-{index}"),
     }
+}
+
+/// The transactional id of processing thread `thread` of `instance` in the
+/// stage whose group is `group`: unique per member of the group, and the
+/// same across the instance's restarts, so that a restarted instance fences
+/// its predecessor's transactions.
+pub(crate) fn transactional_id(group: &str, instance: &str, thread: usize) -> String {
+    member_id(&format!("{group}-{instance}"), thread)
 }
 
 /// The settings of a stage's group consumer (one per processing thread).

@@ -11,6 +11,7 @@
 //! acknowledged, while the records of the next one may already be on their
 //! way (at-least-once). The generation travels in the low bits of the tag.
 
+mod fencing;
 mod offsets_sender;
 mod open_times;
 mod producer;
@@ -29,6 +30,7 @@ use rdkafka::{ClientConfig, TopicPartitionList};
 
 use crate::client::brokers::BrokerWatch;
 use crate::metrics::{self, Phase, PhaseTimes, Snapshot};
+pub(crate) use fencing::DepartedMemberFencer;
 use offsets_sender::{OffsetsSender, Sent};
 use open_times::OpenTimes;
 pub use reports::{DeliveryReports, Generation, UNTRACKED};
@@ -184,15 +186,17 @@ impl Delivery {
     }
 
     /// Replaces a producer that librdkafka declared unusable, retrying while
-    /// the broker is unreachable (ten attempts).
-    fn replace_if_fatal(&mut self) -> Result<(), CommitError> {
-        let reason = match self.producer.client().fatal_error() {
-            Some((_, reason)) => reason,
-            None if self.abort_failed => "a transaction could not be aborted".to_string(),
-            None if self.stuck => {
-                "librdkafka did not return from adding the offsets to the transaction".to_string()
-            }
-            None => return Ok(()),
+    /// the broker is unreachable (ten attempts); says whether it was
+    /// unusable because another producer took its transactional id.
+    fn replace_if_fatal(&mut self) -> Result<bool, CommitError> {
+        let (reason, fenced) = match self.producer.client().fatal_error() {
+            Some((code, reason)) => (reason, is_fencing(code)),
+            None if self.abort_failed => ("a transaction could not be aborted".to_string(), false),
+            None if self.stuck => (
+                "librdkafka did not return from adding the offsets to the transaction".to_string(),
+                false,
+            ),
+            None => return Ok(false),
         };
         tracing::warn!(%reason, "the producer failed fatally; replacing it");
         let mut attempts = 0;
@@ -204,7 +208,7 @@ impl Delivery {
                     self.transaction_began = None;
                     self.abort_failed = false;
                     self.stuck = false;
-                    return Ok(());
+                    return Ok(fenced);
                 }
                 Err(error) if attempts < 10 => {
                     attempts += 1;
@@ -345,6 +349,7 @@ impl Delivery {
         self.commit_called = Some(Instant::now());
         let result = self.try_commit(generation, offsets, group, phases);
         let outlived = self.transactional && began.elapsed() >= self.transaction_timeout;
+        let mut fenced = false;
         if result.is_err() {
             if let Some(denied) = self.producer.context().denied.lock().unwrap().take() {
                 return Err(CommitError::Fatal(format!(
@@ -353,7 +358,7 @@ impl Delivery {
                 )));
             }
             self.send_failure = None;
-            self.replace_if_fatal()?;
+            fenced = self.replace_if_fatal()?;
         }
         match result {
             // The coordinator aborted the transaction and bumped the
@@ -363,6 +368,14 @@ impl Delivery {
             Err(CommitError::Fatal(reason)) if outlived => Err(CommitError::Aborted(format!(
                 "{reason} (the transaction was open longer than transaction.timeout.ms, \
                  so its coordinator aborted it)"
+            ))),
+            // Another producer took this transactional id: the group dropped
+            // this instance (cut off from the broker) and fenced it
+            // (`fencing`), or it restarted while fenced. Its tasks roll back;
+            // the consumer finds out what it still owns when it rejoins.
+            Err(CommitError::Fatal(reason)) if fenced => Err(CommitError::Aborted(format!(
+                "{reason} (another producer initialised this transactional id: the group \
+                 dropped this instance and fenced its transactions)"
             ))),
             other => other,
         }
@@ -563,6 +576,17 @@ impl Delivery {
             tracing::warn!(%error, "producer did not flush before shutdown");
         }
     }
+}
+
+/// Whether a producer's fatal error says that another producer initialised
+/// its transactional id.
+fn is_fencing(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
 }
 
 fn classify(error: KafkaError) -> CommitError {
