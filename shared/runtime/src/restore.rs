@@ -22,8 +22,8 @@ use crate::native_admin;
 use crate::shutdown::Interrupted;
 use crate::state::store::TaskStore;
 
-/// Records written to RocksDB per batch while restoring.
-const RESTORE_BATCH: usize = 50_000;
+/// Records restored between two reports of the records left.
+const REPORT_EVERY: usize = 50_000;
 /// How long a restore waits without progress before taking the end as reached
 /// (transaction markers and aborted records at the tail are never delivered).
 const IDLE_END: Duration = Duration::from_secs(2);
@@ -211,7 +211,7 @@ impl Restorer {
         let result = self.read_all(store, &mut pending, partition, shutdown);
         self.activity.restored(partition);
         self.consumer.unassign()?;
-        result?;
+        let bulk = result?;
         let elapsed_ms = started.elapsed().as_millis() as u64;
         for changelog in &pending {
             tracing::info!(
@@ -219,6 +219,7 @@ impl Restorer {
                 partition,
                 records = changelog.restored,
                 elapsed_ms,
+                bulk,
                 "restored changelog"
             );
         }
@@ -254,23 +255,27 @@ impl Restorer {
         }
     }
 
-    /// Reads the assigned changelogs to their ends into `store`, in batches,
-    /// each written while the next is read.
+    /// Reads the assigned changelogs to their ends into `store`: in
+    /// batches, each written while the next is read, or as a bulk load
+    /// into a store with nothing in it ([`TaskStore::begin_restore`]); says
+    /// which.
     fn read_all(
         &self,
         store: &mut TaskStore,
         pending: &mut [Changelog<'_>],
         partition: i32,
         shutdown: &AtomicBool,
-    ) -> anyhow::Result<()> {
-        let mut batch = store.restore_batch();
+    ) -> anyhow::Result<bool> {
+        let mut restoring = store.begin_restore()?;
+        let bulk = restoring.is_bulk();
+        let mut unreported = 0;
         // Progress is timed at the first empty poll after it, not per record.
         let (mut last_progress, mut progressed) = (Instant::now(), false);
         while pending.iter().any(|changelog| !changelog.done) {
             if shutdown.load(Ordering::Relaxed) {
                 let restored: u64 = pending.iter().map(|changelog| changelog.restored).sum();
                 tracing::info!(partition, restored, "restore stopped");
-                store.write_restored(batch)?;
+                store.finish_restore(restoring)?;
                 return Err(Interrupted.into());
             }
             match self.consumer.poll(Duration::from_millis(10)) {
@@ -294,19 +299,19 @@ impl Restorer {
                         message.offset(),
                     )?;
                     let key = message.key().unwrap_or_default();
-                    store.stage_restored(
-                        &mut batch,
+                    store.restore_record(
+                        &mut restoring,
                         changelog.index,
                         message.offset(),
                         key,
                         message.payload(),
-                    );
+                    )?;
                     changelog.restored += 1;
                     changelog.next = message.offset() + 1;
                     changelog.done = changelog.next >= changelog.end;
-                    if batch.records() >= RESTORE_BATCH {
-                        let full = std::mem::replace(&mut batch, store.restore_batch());
-                        store.write_restored_behind(full)?;
+                    unreported += 1;
+                    if unreported >= REPORT_EVERY {
+                        unreported = 0;
                         self.report(pending, partition);
                     }
                 }
@@ -325,7 +330,8 @@ impl Restorer {
                 }
             }
         }
-        store.write_restored(batch)
+        store.finish_restore(restoring)?;
+        Ok(bulk)
     }
 
     /// Reports the records each changelog still has to go.

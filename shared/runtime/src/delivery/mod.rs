@@ -76,6 +76,9 @@ pub struct Delivery {
     /// The producer never returned from adding offsets to its transaction
     /// and is given up.
     stuck: bool,
+    /// Whether the last failed commit was refused as fenced, with no
+    /// commit since: fenced again, another running producer shares the id.
+    fenced_last: bool,
     timeout: Duration,
     /// The generation records sent now belong to.
     generation: Generation,
@@ -174,6 +177,7 @@ impl Delivery {
             abort_failed: false,
             offsets_sender: None,
             stuck: false,
+            fenced_last: false,
             timeout,
             generation: Generation(0),
             sent: [0; GENERATIONS],
@@ -370,13 +374,25 @@ impl Delivery {
                  so its coordinator aborted it)"
             ))),
             // Another producer took this transactional id: the group dropped
-            // this instance (cut off from the broker) and fenced it
-            // (`fencing`), or it restarted while fenced. Its tasks roll back;
-            // the consumer finds out what it still owns when it rejoins.
-            Err(CommitError::Fatal(reason)) if fenced => Err(CommitError::Aborted(format!(
-                "{reason} (another producer initialised this transactional id: the group \
-                 dropped this instance and fenced its transactions)"
+            // this instance (cut off from the broker) and another instance
+            // fenced it (`fencing`). Its tasks roll back; the consumer finds
+            // out what it still owns when it rejoins. Fenced again before
+            // any commit went through, a second live instance shares the id.
+            Err(CommitError::Fatal(reason)) if fenced && !self.fenced_last => {
+                self.fenced_last = true;
+                Err(CommitError::Aborted(format!(
+                    "{reason} (another producer initialised this transactional id: the group \
+                     dropped this instance and fenced its transactions)"
+                )))
+            }
+            Err(CommitError::Fatal(reason)) if fenced => Err(CommitError::Fatal(format!(
+                "{reason}; fenced twice in a row: another running instance uses this \
+                 transactional id (each instance needs its own --instance-id and state directory)"
             ))),
+            Ok(()) => {
+                self.fenced_last = false;
+                Ok(())
+            }
             other => other,
         }
     }

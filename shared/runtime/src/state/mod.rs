@@ -1,6 +1,7 @@
 //! Keyed state: RocksDB per task, an overlay of uncommitted changes, the
 //! byte encodings of keys and values, and the format version they are in.
 
+mod bulk_restore;
 pub mod codec;
 pub mod format;
 mod layer;
@@ -8,6 +9,7 @@ pub mod open_stores;
 mod read_cache;
 mod resources;
 mod restore_batch;
+pub(crate) mod sorted_runs;
 pub mod store;
 
 /// Index of a store within its [`TaskStore`](store::TaskStore), fixed for

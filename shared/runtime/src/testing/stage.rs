@@ -136,7 +136,8 @@ impl<P: Processor> DriverStage for EngineStage<P> {
             let dir = self.task_dir(partition);
             std::fs::remove_dir_all(&dir)?;
             let mut store = TaskStore::open(&dir, self.engine.store_names(), &self.resources)?;
-            let mut batch = store.restore_batch();
+            let mut restoring = store.begin_restore()?;
+            let mut restored = 0;
             for (store_index, changelog) in changelogs.iter().enumerate() {
                 let Some(records) = topics
                     .get(changelog)
@@ -147,18 +148,19 @@ impl<P: Processor> DriverStage for EngineStage<P> {
                 for (offset, record) in records.iter().enumerate() {
                     if !record.pending && !record.aborted {
                         let key = record.key.as_deref().unwrap_or_default();
-                        store.stage_restored(
-                            &mut batch,
+                        store.restore_record(
+                            &mut restoring,
                             store_index,
                             offset as i64,
                             key,
                             record.value.as_deref(),
-                        );
+                        )?;
+                        restored += 1;
                     }
                 }
             }
-            self.engine.count_restored(batch.records() as u64);
-            store.write_restored(batch)?;
+            self.engine.count_restored(restored);
+            store.finish_restore(restoring)?;
             drop(store);
         }
         self.open_tasks()

@@ -4,7 +4,6 @@
 
 mod queue;
 mod rocksdb_spill;
-mod sorted_runs;
 mod spill;
 mod spill_filter;
 

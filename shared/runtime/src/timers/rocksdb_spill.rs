@@ -20,11 +20,11 @@ use std::sync::Arc;
 
 use rocksdb::{IngestExternalFileOptions, ReadOptions, WriteBatch, WriteOptions, DB};
 
-use super::sorted_runs::SortedRuns;
 #[cfg(doc)]
 use super::TimerQueue;
 use super::{SpillStore, TimeDomain};
 use crate::state::codec::{i64_from_ordered_bytes, i64_to_ordered_bytes};
+use crate::state::sorted_runs::SortedRuns;
 use crate::state::store::{ingested_file_options, TaskStore, SPILLED_TIMERS};
 
 /// Key prefixes: timers in firing order, and their times by key and name.
@@ -228,7 +228,7 @@ impl SpillStore for TimerSpill {
     }
 
     fn for_each_spilled(&mut self, each: &mut dyn FnMut(&str, &str)) -> anyhow::Result<()> {
-        if let Some(runs) = &self.bulk {
+        if let Some(runs) = &mut self.bulk {
             let prefix = [BY_KEY, self.domain];
             let mut failure = None;
             runs.for_each_put(&mut |store_key| {

@@ -241,7 +241,7 @@ fn write_changes(
 }
 
 /// Adds to `batch` the changelog offset each store reaches with it.
-fn put_checkpoints(
+pub(super) fn put_checkpoints(
     batch: &mut WriteBatch,
     db: &DB,
     names: &[String],

@@ -27,6 +27,7 @@
 //! rollback, restored records) is in `store/commit.rs`.
 
 mod commit;
+mod restoring;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -48,6 +49,7 @@ pub use super::restore_batch::RestoreBatch;
 use super::StoreIndex;
 use crate::pool::WorkerPool;
 use commit::Applying;
+pub use restoring::Restoring;
 
 use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, ReadOptions, DB};
 
