@@ -256,9 +256,9 @@ impl Restorer {
     }
 
     /// Reads the assigned changelogs to their ends into `store`: in
-    /// batches, each written while the next is read, or as a bulk load
-    /// into a store with nothing in it ([`TaskStore::begin_restore`]); says
-    /// which.
+    /// batches, each written while the next is read, or, a long restore
+    /// into a store with nothing in it, as a bulk load
+    /// ([`TaskStore::begin_restore`]); says which.
     fn read_all(
         &self,
         store: &mut TaskStore,
@@ -266,7 +266,11 @@ impl Restorer {
         partition: i32,
         shutdown: &AtomicBool,
     ) -> anyhow::Result<bool> {
-        let mut restoring = store.begin_restore()?;
+        let records = pending
+            .iter()
+            .map(|c| (c.end - c.first).max(0) as u64)
+            .sum();
+        let mut restoring = store.begin_restore(records)?;
         let bulk = restoring.is_bulk();
         let mut unreported = 0;
         // Progress is timed at the first empty poll after it, not per record.

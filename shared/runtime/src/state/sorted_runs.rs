@@ -217,9 +217,7 @@ impl SortedRuns {
         if self.written.is_empty() {
             self.run.sort();
             for (key, value) in self.run.latest() {
-                if let Some(value) = value {
-                    out.put(key, value)?;
-                }
+                out.write(key, value)?;
             }
             self.run = Run::default();
             return out.finish();
@@ -246,9 +244,7 @@ impl SortedRuns {
                     heads.push(other);
                 }
             }
-            if !head.deleted {
-                out.put(&head.key, &head.value)?;
-            }
+            out.write(&head.key, (!head.deleted).then_some(&head.value[..]))?;
             if readers[head.run].next_into(&mut head)? {
                 heads.push(head);
             }
@@ -301,7 +297,11 @@ impl<'a> SstFiles<'a> {
         }
     }
 
-    fn put(&mut self, key: &[u8], value: &[u8]) -> anyhow::Result<()> {
+    /// Writes `value` under `key`; a deletion (none) leaves no entry.
+    fn write(&mut self, key: &[u8], value: Option<&[u8]>) -> anyhow::Result<()> {
+        let Some(value) = value else {
+            return Ok(());
+        };
         let file_prefix = &key[..self.prefix.min(key.len())];
         if self
             .open

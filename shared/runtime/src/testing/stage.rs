@@ -136,7 +136,8 @@ impl<P: Processor> DriverStage for EngineStage<P> {
             let dir = self.task_dir(partition);
             std::fs::remove_dir_all(&dir)?;
             let mut store = TaskStore::open(&dir, self.engine.store_names(), &self.resources)?;
-            let mut restoring = store.begin_restore()?;
+            // Restores here are short: in batches.
+            let mut restoring = store.begin_restore(0)?;
             let mut restored = 0;
             for (store_index, changelog) in changelogs.iter().enumerate() {
                 let Some(records) = topics

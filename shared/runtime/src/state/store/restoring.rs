@@ -1,5 +1,6 @@
 //! A task store's restore from its changelogs: a bulk load when the store
-//! holds nothing yet, else batches written to RocksDB behind the reading.
+//! holds nothing yet and the restore is long, else batches written to
+//! RocksDB behind the reading.
 
 use rocksdb::{IngestExternalFileOptions, IteratorMode, WriteBatch};
 
@@ -8,14 +9,20 @@ use super::{ingested_file_options, RestoreBatch, TaskStore};
 use crate::state::bulk_restore::BulkRestore;
 use crate::state::StoreIndex;
 
-/// Records written to RocksDB per batch while restoring onto local state.
+/// Records written to RocksDB per batch while restoring in batches.
 const RESTORE_BATCH: usize = 50_000;
+
+/// The fewest changelog records a restore into an empty store takes to be
+/// a bulk load: below it, batches are as fast (measured with 1.45M records,
+/// BENCHMARKS.md) and a crash keeps their progress batch by batch.
+const BULK_MIN_RECORDS: u64 = 1_000_000;
 
 /// A restore under way, from [`TaskStore::begin_restore`].
 pub enum Restoring {
-    /// Onto local state: batches, each written while the next is read.
+    /// Onto local state, or a short one: batches, each written while the
+    /// next is read.
     Batches(RestoreBatch),
-    /// Into a store with nothing in it: [`BulkRestore`].
+    /// A long one into a store with nothing in it: [`BulkRestore`].
     Bulk(BulkRestore),
 }
 
@@ -27,12 +34,22 @@ impl Restoring {
 }
 
 impl TaskStore {
-    /// Starts a restore: a bulk load if no store has a checkpoint or an
-    /// entry (a crash in the middle of a bulk load's ingestion leaves some
-    /// stores filled and none checkpointed: batches then, which replay the
-    /// changelogs over them), else batches.
-    pub fn begin_restore(&mut self) -> anyhow::Result<Restoring> {
+    /// Starts a restore of about `records` changelog records: a bulk load
+    /// if there are at least [`BULK_MIN_RECORDS`] and no store has a
+    /// checkpoint or an entry, else batches. (A crash in the middle of a
+    /// bulk load's ingestion leaves some stores filled and none
+    /// checkpointed: batches then, which replay the changelogs over them.)
+    pub fn begin_restore(&mut self, records: u64) -> anyhow::Result<Restoring> {
         self.finish_applying()?;
+        if records >= BULK_MIN_RECORDS && self.holds_nothing()? {
+            let bulk = BulkRestore::in_dir(&self.path, self.names.len())?;
+            return Ok(Restoring::Bulk(bulk));
+        }
+        Ok(Restoring::Batches(self.restore_batch()))
+    }
+
+    /// Whether no store has a checkpoint or an entry.
+    fn holds_nothing(&self) -> anyhow::Result<bool> {
         for store in 0..self.names.len() {
             let filled = self
                 .db
@@ -41,13 +58,10 @@ impl TaskStore {
                 .transpose()?
                 .is_some();
             if filled || self.checkpoint(store)?.is_some() {
-                return Ok(Restoring::Batches(self.restore_batch()));
+                return Ok(false);
             }
         }
-        Ok(Restoring::Bulk(BulkRestore::in_dir(
-            &self.path,
-            self.names.len(),
-        )?))
+        Ok(true)
     }
 
     /// Adds the changelog record of `store` at `offset` to `restoring`: a
@@ -62,16 +76,16 @@ impl TaskStore {
         value: Option<&[u8]>,
     ) -> anyhow::Result<()> {
         match restoring {
-            Restoring::Bulk(bulk) => bulk.push(store, offset, key, value),
+            Restoring::Bulk(bulk) => bulk.push(store, offset, key, value)?,
             Restoring::Batches(batch) => {
                 self.stage_restored(batch, store, offset, key, value);
                 if batch.records() >= RESTORE_BATCH {
                     let full = std::mem::replace(batch, self.restore_batch());
                     self.write_restored_behind(full)?;
                 }
-                Ok(())
             }
         }
+        Ok(())
     }
 
     /// Writes what `restoring` still holds, with the changelog offsets it
@@ -117,9 +131,9 @@ mod tests {
     /// A column family's entries, in key order.
     type Entries = Vec<(Box<[u8]>, Box<[u8]>)>;
 
-    /// A changelog of two stores: puts, overwrites, deletions, a key put
-    /// again after its deletion, and values of every length up to 1 000
-    /// bytes, in more records than a batch holds.
+    /// A changelog of two stores (a record's offset is its index): puts,
+    /// overwrites, deletions, a key put again after its deletion, and values
+    /// of every length up to 1 000 bytes, in more records than a batch holds.
     fn changelog() -> Vec<Record> {
         let mut records = Vec::new();
         for n in 0..120_000u32 {
@@ -133,14 +147,24 @@ mod tests {
         records
     }
 
-    fn restore(store: &mut TaskStore, records: &[Record]) {
-        let mut restoring = store.begin_restore().unwrap();
+    /// Restores the records past each store's checkpoint into `store` with
+    /// `restoring`, and finishes.
+    fn restore(store: &mut TaskStore, mut restoring: Restoring, records: &[Record]) {
+        let checkpoints = [store.checkpoint(0).unwrap(), store.checkpoint(1).unwrap()];
         for (offset, (index, key, value)) in records.iter().enumerate() {
+            if checkpoints[*index].is_some_and(|checkpoint| offset as i64 <= checkpoint) {
+                continue;
+            }
             store
                 .restore_record(&mut restoring, *index, offset as i64, key, value.as_deref())
                 .unwrap();
         }
         store.finish_restore(restoring).unwrap();
+    }
+
+    /// A bulk load of `store`, whatever its length.
+    fn bulk(store: &TaskStore) -> Restoring {
+        Restoring::Bulk(BulkRestore::in_dir(&store.path, store.names.len()).unwrap())
     }
 
     fn contents(store: &TaskStore, index: StoreIndex) -> Entries {
@@ -151,47 +175,88 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn a_bulk_restore_leaves_what_batches_leave() {
-        let records = changelog();
-        let (mut bulk, bulk_dir) = temp_store(&["a", "b"]);
-        assert!(bulk.begin_restore().unwrap().is_bulk(), "an empty store");
-        restore(&mut bulk, &records);
-        // Local state: the rest of the changelog goes in batches.
-        let (mut batched, batched_dir) = temp_store(&["a", "b"]);
-        let (first, rest) = records.split_at(1);
-        restore(&mut batched, first);
-        assert!(!batched.begin_restore().unwrap().is_bulk());
-        let mut restoring = batched.begin_restore().unwrap();
-        for (offset, (index, key, value)) in rest.iter().enumerate() {
-            batched
-                .restore_record(
-                    &mut restoring,
-                    *index,
-                    offset as i64 + 1,
-                    key,
-                    value.as_deref(),
-                )
-                .unwrap();
-        }
-        batched.finish_restore(restoring).unwrap();
-
+    fn assert_same(restored: &TaskStore, expected: &TaskStore) {
         for index in 0..2 {
-            let restored = contents(&bulk, index);
-            assert!(restored.len() > 10_000, "{} entries", restored.len());
-            assert_eq!(restored, contents(&batched, index), "store {index}");
+            let entries = contents(restored, index);
+            assert!(entries.len() > 10_000, "{} entries", entries.len());
+            assert_eq!(entries, contents(expected, index), "store {index}");
             assert_eq!(
-                bulk.checkpoint(index).unwrap(),
-                batched.checkpoint(index).unwrap()
+                restored.checkpoint(index).unwrap(),
+                expected.checkpoint(index).unwrap()
             );
         }
-        assert_eq!(bulk.checkpoint(1).unwrap(), Some(records.len() as i64 - 1));
+    }
+
+    #[test]
+    fn a_long_restore_into_an_empty_store_is_a_bulk_load() {
+        let (mut store, dir) = temp_store(&["a"]);
+        assert!(store.begin_restore(BULK_MIN_RECORDS).unwrap().is_bulk());
+        assert!(!store.begin_restore(BULK_MIN_RECORDS - 1).unwrap().is_bulk());
+        let mut restoring = store.begin_restore(10).unwrap();
+        store
+            .restore_record(&mut restoring, 0, 0, b"k", None)
+            .unwrap();
+        store.finish_restore(restoring).unwrap();
         assert!(
-            !bulk_dir.join("restore-bulk-0").exists(),
-            "the runs are removed"
+            !store.begin_restore(BULK_MIN_RECORDS).unwrap().is_bulk(),
+            "a checkpoint, even with no entry"
         );
-        drop((bulk, batched));
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_bulk_load_leaves_what_batches_leave() {
+        let records = changelog();
+        let (mut batched, batched_dir) = temp_store(&["a", "b"]);
+        let batches = batched.begin_restore(0).unwrap();
+        restore(&mut batched, batches, &records);
+        let (mut bulk_store, bulk_dir) = temp_store(&["a", "b"]);
+        let restoring = bulk(&bulk_store);
+        restore(&mut bulk_store, restoring, &records);
+        assert_same(&bulk_store, &batched);
+        assert_eq!(
+            bulk_store.checkpoint(1).unwrap(),
+            Some(records.len() as i64 - 1)
+        );
+        assert!(!bulk_dir.join("restore-bulk-0").exists(), "runs removed");
+        drop((bulk_store, batched));
         std::fs::remove_dir_all(bulk_dir).unwrap();
+        std::fs::remove_dir_all(batched_dir).unwrap();
+    }
+
+    #[test]
+    fn a_bulk_load_stopped_keeps_what_it_gathered_and_one_cut_short_nothing() {
+        let records = changelog();
+        let (mut batched, batched_dir) = temp_store(&["a", "b"]);
+        let batches = batched.begin_restore(0).unwrap();
+        restore(&mut batched, batches, &records);
+        let gather = |store: &mut TaskStore, restoring: &mut Restoring| {
+            for (offset, (index, key, value)) in records[..80_000].iter().enumerate() {
+                store
+                    .restore_record(restoring, *index, offset as i64, key, value.as_deref())
+                    .unwrap();
+            }
+        };
+        let (mut store, dir) = temp_store(&["a", "b"]);
+        // A crash: nothing was ingested, the next restore starts over.
+        let mut restoring = bulk(&store);
+        gather(&mut store, &mut restoring);
+        drop(restoring);
+        assert_eq!(store.checkpoint(1).unwrap(), None);
+        assert!(store.begin_restore(BULK_MIN_RECORDS).unwrap().is_bulk());
+        // A signal: what was gathered is ingested with its checkpoints, and
+        // the next restore goes on from them in batches.
+        let mut restoring = bulk(&store);
+        gather(&mut store, &mut restoring);
+        store.finish_restore(restoring).unwrap();
+        assert_eq!(store.checkpoint(1).unwrap(), Some(79_999));
+        let restoring = store.begin_restore(BULK_MIN_RECORDS).unwrap();
+        assert!(!restoring.is_bulk());
+        restore(&mut store, restoring, &records);
+        assert_same(&store, &batched);
+        drop((store, batched));
+        std::fs::remove_dir_all(dir).unwrap();
         std::fs::remove_dir_all(batched_dir).unwrap();
     }
 }
