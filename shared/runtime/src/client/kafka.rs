@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use clap::ValueEnum;
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::ClientConfig;
 
 /// Which consumer group protocol the stages' consumers speak.
@@ -139,6 +140,21 @@ pub(crate) fn group_consumer_config(
         config.set("group.instance.id", instance);
     }
     config
+}
+
+/// A consumer that only describes `group` (it joins no group; its own
+/// group id, `<group>-<role>`, only names it), for the threads that watch
+/// a stage's members.
+pub(crate) fn group_describer(
+    base: &ClientConfig,
+    group: &str,
+    role: &str,
+) -> anyhow::Result<BaseConsumer> {
+    base.clone()
+        .set("group.id", format!("{group}-{role}"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| anyhow::anyhow!("cannot create the {role} client of group {group}: {e}"))
 }
 
 /// The settings of a consumer that reads changelogs by assignment (its

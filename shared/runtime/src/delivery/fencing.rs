@@ -32,7 +32,7 @@ use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::ClientConfig;
 
 use crate::client::brokers::rebootstrap_if_cut_off;
-use crate::client::kafka::{parse_client_id, transactional_id};
+use crate::client::kafka::{group_describer, parse_client_id, transactional_id};
 use crate::native_admin::describe_classic_groups;
 
 /// How often the group is described.
@@ -64,14 +64,8 @@ impl DepartedMemberFencer {
         instance: &str,
         shutdown: Arc<AtomicBool>,
     ) -> anyhow::Result<Self> {
-        let client = base
-            .clone()
-            .set("group.id", format!("{group}-fencer"))
-            .set("enable.auto.commit", "false")
-            .create()
-            .map_err(|e| anyhow::anyhow!("cannot create the group watcher for fencing: {e}"))?;
         Ok(DepartedMemberFencer {
-            client,
+            client: group_describer(base, group, "fencer")?,
             producer_config: base.clone(),
             group: group.to_string(),
             instance: instance.to_string(),

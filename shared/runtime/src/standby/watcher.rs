@@ -15,7 +15,7 @@ use rdkafka::ClientConfig;
 use super::placement::Member;
 use super::REFRESH;
 use crate::client::brokers::rebootstrap_if_cut_off;
-use crate::client::kafka::{member_id, parse_client_id};
+use crate::client::kafka::{group_describer, member_id, parse_client_id};
 use crate::native_admin::describe_classic_groups;
 
 /// How long one round trip of the watcher may take.
@@ -51,14 +51,8 @@ impl GroupWatcher {
         task_topics: Vec<String>,
         static_members: bool,
     ) -> anyhow::Result<Self> {
-        let client = base
-            .clone()
-            .set("group.id", format!("{group}-standby-watch"))
-            .set("enable.auto.commit", "false")
-            .create()
-            .map_err(|e| anyhow::anyhow!("cannot create the standby's group watcher: {e}"))?;
         Ok(GroupWatcher {
-            client,
+            client: group_describer(base, group, "standby-watch")?,
             group: group.to_string(),
             task_topics,
             static_members,

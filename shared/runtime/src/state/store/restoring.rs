@@ -167,6 +167,15 @@ mod tests {
         Restoring::Bulk(BulkRestore::in_dir(&store.path, store.names.len()).unwrap())
     }
 
+    /// A store of `records` restored in batches: what any restore of them
+    /// must leave.
+    fn restored_in_batches(records: &[Record]) -> (TaskStore, std::path::PathBuf) {
+        let (mut store, dir) = temp_store(&["a", "b"]);
+        let batches = store.begin_restore(0).unwrap();
+        restore(&mut store, batches, records);
+        (store, dir)
+    }
+
     fn contents(store: &TaskStore, index: StoreIndex) -> Entries {
         store
             .db
@@ -208,9 +217,7 @@ mod tests {
     #[test]
     fn a_bulk_load_leaves_what_batches_leave() {
         let records = changelog();
-        let (mut batched, batched_dir) = temp_store(&["a", "b"]);
-        let batches = batched.begin_restore(0).unwrap();
-        restore(&mut batched, batches, &records);
+        let (batched, batched_dir) = restored_in_batches(&records);
         let (mut bulk_store, bulk_dir) = temp_store(&["a", "b"]);
         let restoring = bulk(&bulk_store);
         restore(&mut bulk_store, restoring, &records);
@@ -228,9 +235,7 @@ mod tests {
     #[test]
     fn a_bulk_load_stopped_keeps_what_it_gathered_and_one_cut_short_nothing() {
         let records = changelog();
-        let (mut batched, batched_dir) = temp_store(&["a", "b"]);
-        let batches = batched.begin_restore(0).unwrap();
-        restore(&mut batched, batches, &records);
+        let (batched, batched_dir) = restored_in_batches(&records);
         let gather = |store: &mut TaskStore, restoring: &mut Restoring| {
             for (offset, (index, key, value)) in records[..80_000].iter().enumerate() {
                 store
