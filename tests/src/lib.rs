@@ -38,12 +38,14 @@ pub fn registry() -> String {
     std::env::var("SCHEMA_REGISTRY_URL").unwrap_or_else(|_| "http://127.0.0.1:8081".into())
 }
 
-/// The workspace root.
+/// The workspace root. `CARGO_MANIFEST_DIR` as cargo (or run-tests.py)
+/// gives it to the running test first: a build cache shared by clones at
+/// other paths may hold a test binary compiled in another clone.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir.parent().unwrap().to_path_buf()
 }
 
 /// `tests/fixtures` of the workspace: one directory per service with example

@@ -4,6 +4,7 @@
 //! transaction timeout (10 s) goes through with no aborted commit, slow
 //! embedder or kill -9 storm alike, and the output is exact.
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use e2e_tests::batches::{
@@ -21,6 +22,16 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Dimensions of the local model's vectors (all-MiniLM-L6-v2).
 const MODEL_DIMENSIONS: usize = 384;
+
+/// Held by each test for its whole run: they measure how long transactions
+/// stay open against the 10 s timeout, and the real model's embedding beside
+/// them (both cores for minutes) once starved the broker of CPU long enough
+/// that a produce request timed out.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn alone() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn rules(batch_size: usize) -> Rules {
     Rules {
@@ -56,6 +67,7 @@ fn assert_no_aborted_commit(service: &Service) {
 /// complete, none aborted, with the exact output.
 #[test]
 fn an_embedder_slower_than_the_transaction_timeout_still_commits_exactly_once() {
+    let _alone = alone();
     let delay = Duration::from_millis(300);
     let embedder = FakeEmbedder::slow(delay);
     let port = embedder.serve();
@@ -146,6 +158,7 @@ fn storm_edits(tenants: usize, per_tenant: usize) -> Vec<Edit> {
 /// left out) must be exact.
 #[test]
 fn a_kill_9_storm_over_a_backlog_with_the_real_model_ends_exact() {
+    let _alone = alone();
     let run = SingleInputRun::new("embed-batcher", "articles", "article-embeddings", 1);
     let edits = storm_edits(30, 100);
     let expected = model(&edits, 1, &rules(50));
@@ -185,6 +198,7 @@ fn a_kill_9_storm_over_a_backlog_with_the_real_model_ends_exact() {
 #[test]
 #[ignore = "about 6 minutes of embedding with the real model"]
 fn a_backlog_ten_times_larger_after_a_crash_completes_without_aborts() {
+    let _alone = alone();
     let run = SingleInputRun::new("embed-batcher", "articles", "article-embeddings", 1);
     let edits = storm_edits(300, 100);
     let expected = model(&edits, 1, &rules(50));

@@ -45,11 +45,12 @@ impl References {
 }
 
 fn references() -> References {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/reference_vectors.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    // The running test's directory first: a shared build cache may hold
+    // this binary compiled in a clone at another path.
+    let manifest_dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let path = format!("{manifest_dir}/tests/data/reference_vectors.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
