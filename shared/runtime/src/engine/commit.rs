@@ -16,51 +16,12 @@ use crate::collector::{ChangelogPartition, Headers};
 use crate::processor::Processor;
 use crate::restore::ChangelogReach;
 use crate::time::NO_WATERMARK;
-use crate::watermark::{partition_watermark, Announcement};
+use crate::watermark::Announcement;
 
 /// An input position to commit: subscription index, partition, next offset.
 pub(crate) type Position = (usize, i32, i64);
 
 impl<P: Processor> Engine<P> {
-    /// Announces, to every partition of its repartition topic, the watermark
-    /// of each source partition that moved: the readers of a partition that
-    /// received none of its records learn of it this way.
-    fn announce_source_watermarks(&mut self) {
-        let idleness_on = self.settings.event_time.idleness.is_on();
-        for ((slot, source), clock) in self.upstream.iter_mut() {
-            let Some(max) = clock.max_event_time else {
-                continue;
-            };
-            let watermark = partition_watermark(max, self.settings.event_time.max_out_of_orderness);
-            let moved = clock
-                .announced
-                .is_none_or(|announced| announced < watermark);
-            let heartbeat = clock.active && idleness_on;
-            if !moved && !heartbeat {
-                continue;
-            }
-            let rekeying = self.inputs[*slot]
-                .rekeying
-                .as_ref()
-                .expect("re-keyed input");
-            let announcement = Announcement {
-                source: *source as u32,
-                watermark,
-            };
-            for partition in 0..rekeying.downstream_partitions {
-                self.collector.push(
-                    rekeying.topic,
-                    Some(partition as i32),
-                    None,
-                    None,
-                    Headers::Watermark(announcement),
-                );
-            }
-            clock.announced = Some(watermark);
-            clock.active = false;
-        }
-    }
-
     /// Announces every task watermark that moved to every partition of the
     /// stage link the output writes. The announcement follows the task's
     /// results in each partition, so a reading task never sees a watermark
@@ -103,14 +64,16 @@ impl<P: Processor> Engine<P> {
     pub fn prepare_commit(&mut self) -> anyhow::Result<Vec<Position>> {
         self.last_commit = self.clock.now().instant;
         self.finish_jobs()?;
-        self.announce_source_watermarks();
+        let heartbeats = self.settings.event_time.idleness.is_on();
+        self.intake
+            .announce_source_watermarks(&mut self.collector, heartbeats);
         self.announce_task_watermarks();
         for task in self.tasks.values_mut() {
             task.stage_clocks();
-            for ((subscription, partition), next) in &self.positions {
-                let subscription_info = &self.subscriptions[*subscription];
-                if *partition == task.partition && subscription_info.route.feeds_task() {
-                    task.stage_position(&subscription_info.topic, *next);
+            for ((subscription, partition), next) in self.intake.positions() {
+                let subscription = &self.intake.subscriptions()[subscription];
+                if partition == task.partition && subscription.route.feeds_task() {
+                    task.stage_position(&subscription.topic, next);
                 }
             }
             task.store.seal()?;
@@ -130,9 +93,9 @@ impl<P: Processor> Engine<P> {
         self.sealed_progress = self.progress();
         self.counters.sealed = std::mem::take(&mut self.counters.handled);
         Ok(self
-            .positions
-            .iter()
-            .map(|((subscription, partition), next)| (*subscription, *partition, *next))
+            .intake
+            .positions()
+            .map(|((subscription, partition), next)| (subscription, partition, next))
             .collect())
     }
 
@@ -229,8 +192,7 @@ impl<P: Processor> Engine<P> {
         for task in self.tasks.values_mut() {
             task.rollback(now)?;
         }
-        self.upstream.clear();
-        self.positions.clear();
+        self.intake.roll_back();
         self.sealed_counters.clear();
         self.counters.handled = Timestamps::default();
         self.counters.sealed = Timestamps::default();

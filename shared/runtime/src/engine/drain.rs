@@ -119,8 +119,7 @@ impl<P: Processor> Engine<P> {
                 }
                 Pending::Skipped { .. } => {}
             }
-            self.positions
-                .insert((origin.topic_index, partition), origin.offset + 1);
+            self.intake.consumed_through(origin, partition);
             if last_before_commit {
                 self.backlog = true;
                 break;

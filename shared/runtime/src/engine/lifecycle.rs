@@ -1,7 +1,7 @@
 //! Tasks coming and going: opening a task over its (restored) store, and
 //! forgetting the partitions a stage no longer owns.
 
-use super::{Engine, Route};
+use super::Engine;
 use crate::clock::Clock;
 use crate::processor::Processor;
 use crate::state::open_stores::StoreRole;
@@ -35,7 +35,7 @@ impl<P: Processor> TaskOpener<P> {
 impl<P: Processor> Engine<P> {
     /// The topics (subscription index, name) whose partition *p* belongs to task *p*.
     pub fn task_topics(&self) -> Vec<(usize, String)> {
-        self.subscriptions
+        self.subscriptions()
             .iter()
             .enumerate()
             .filter(|(_, subscription)| subscription.route.feeds_task())
@@ -57,9 +57,8 @@ impl<P: Processor> Engine<P> {
     /// consumed into its task and not yet handled are counted as (0 for a
     /// topic that feeds no task).
     pub fn buffered_bytes(&self, subscription: usize, partition: i32) -> usize {
-        let slot = match self.subscriptions[subscription].route {
-            Route::Task { slot } | Route::Shuffled { slot } => slot,
-            Route::Rekey { .. } => return 0,
+        let Some(slot) = self.intake.task_slot(subscription) else {
+            return 0;
         };
         self.tasks
             .get(&partition)
@@ -79,7 +78,7 @@ impl<P: Processor> Engine<P> {
     pub fn task_opener(&self) -> TaskOpener<P> {
         TaskOpener {
             processor: self.processor.clone(),
-            kinds: self.kinds.clone(),
+            kinds: self.intake.kinds().to_vec(),
             clock: self.clock.clone(),
         }
     }
@@ -177,21 +176,14 @@ impl<P: Processor> Engine<P> {
     /// Skips records of `subscription`'s `partition` below `offset`: they are
     /// already in the state (at-least-once restarts).
     pub fn skip_below(&mut self, subscription: usize, partition: i32, offset: i64) {
-        self.skip_below.insert((subscription, partition), offset);
+        self.intake.skip_below(subscription, partition, offset);
     }
 
     /// Forgets `subscription`'s `partition`, closing its task if it feeds one.
     pub fn release(&mut self, subscription: usize, partition: i32) {
-        self.positions.remove(&(subscription, partition));
-        self.skip_below.remove(&(subscription, partition));
-        match self.subscriptions[subscription].route {
-            Route::Rekey { slot } => {
-                self.upstream.remove(&(slot, partition));
-            }
-            Route::Task { .. } | Route::Shuffled { .. } => {
-                if let Some(task) = self.tasks.remove(&partition) {
-                    tracing::info!(partition = task.partition, "task closed");
-                }
+        if self.intake.release(subscription, partition).feeds_task() {
+            if let Some(task) = self.tasks.remove(&partition) {
+                tracing::info!(partition = task.partition, "task closed");
             }
         }
     }

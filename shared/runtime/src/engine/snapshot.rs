@@ -9,7 +9,7 @@ impl<P: Processor> Engine<P> {
     /// Every metric of this stage, now.
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::default();
-        for (subscription, counts) in self.subscriptions.iter().zip(&self.counters.topics) {
+        for (subscription, counts) in self.subscriptions().iter().zip(&self.counters.topics) {
             let label = || vec![("topic", subscription.topic.clone())];
             snapshot.add(metrics::RECORDS_CONSUMED, label(), counts.consumed);
             snapshot.add(metrics::RECORDS_LATE, label(), counts.late);
