@@ -44,7 +44,7 @@ validate-deploy: build ## offline checks of deploy/: Dockerfile lint, k8s overla
 # The binaries describe themselves (name, topics): built first, read from
 # $STREAMS_BIN_DIR, else $(CARGO_TARGET_DIR)/debug.
 .PHONY: deploy-generate
-deploy-generate: build ## write deploy/k8s/base/ and the components' per-service patches from deploy/k8s/template/ and services.toml (docs/deploy.md)
+deploy-generate: build ## write the deploy files that list the services (k8s base, overlays, components, alert, Dockerfile, compose.yaml) from deploy/template/ and deploy/k8s/services.toml (docs/deploy.md)
 	python3 deploy/k8s/generate.py
 
 # The broker-free test-driver tests (tests/tests/driver_*.rs).

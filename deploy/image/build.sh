@@ -10,17 +10,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source deploy/image/env.sh
+source deploy/services.sh
 
 profile="${1:?usage: build.sh debug|release TAG}"
 tag="${2:?usage: build.sh debug|release TAG}"
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/streams-target}"
 model="${MODELS_DIR:-/var/tmp/streams-models}/all-MiniLM-L6-v2"
-BINARIES=(sensor-fusion order-shipment-joiner sessionizer window-aggregator embed-batcher streamctl)
+# The services of deploy/k8s/services.toml and streamctl: what the Dockerfile's
+# bins-host stage copies, generated from the same table.
+BINARIES=("${SERVICES[@]}" streamctl)
 
 bash deploy/image/base.sh
 bash deploy/local/models.sh
 
-# Only the six binaries, without their DWARF sections (symbols stay, so
+# Only these binaries, without their DWARF sections (symbols stay, so
 # backtraces keep function names): the context holds nothing else, and the
 # debug build's line tables would double the layer.
 bins="$IMAGE_HOME/bins-$profile"

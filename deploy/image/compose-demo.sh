@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make compose-demo`: deploy/docker/compose.yaml brought up for real with
 # podman-compose (PyPI, pinned) on podman, no daemon: Kafka, a schema
-# registry and the five services from `make image`; the example data of
+# registry and the services from `make image`; the example data of
 # tests/fixtures goes in through the `tools` service (streamctl in the
 # image) and the results come out, checked against the expected files.
 # Kafka's and the registry's public images cannot be pulled here, so local

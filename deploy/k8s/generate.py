@@ -1,21 +1,33 @@
 #!/usr/bin/env python3
-"""Writes the per-service Kubernetes files from one template.
+"""Writes the deploy files that list or repeat the services, from templates.
 
 Inputs:
-  deploy/k8s/template/   the files, with {{...}} placeholders (README.md there);
-                         template/base/SERVICE/* is written once per service,
-                         to base/<name>/;
-  deploy/k8s/services.toml  the deploy decisions per service (settings,
-                         resources, summary, ...);
+  deploy/template/       the files, with {{...}} placeholders (README.md there);
+                         template/<path> is written to deploy/<path>, and
+                         template/k8s/base/SERVICE/* once per service, to
+                         deploy/k8s/base/<name>/;
+  deploy/k8s/services.toml  the services and the deploy decisions per service
+                         (settings, resources, replicas, summary, ...);
   the binaries           `<name> describe --format json` (the service's name,
                          its input and output topics) and `<name> --help`
                          (the environment variable naming each topic), from
                          --bin-dir, else $STREAMS_BIN_DIR, else
                          $CARGO_TARGET_DIR/debug (/var/tmp/streams-target/debug).
 
+Outputs (each file of deploy/template/): deploy/k8s/base/ (each service's
+StatefulSet, Service, PodDisruptionBudget and settings, and the list of
+services); the overlays' kustomization.yaml (their replicas); the per-service
+patches of the components kafka-mtls, kafka-oidc, kafka-sasl and queries;
+the absent() selectors of components/monitoring/prometheus-rules.yaml; the
+binaries deploy/docker/Dockerfile copies; the services of
+deploy/docker/compose.yaml.
+
   python3 deploy/k8s/generate.py          write what differs
   python3 deploy/k8s/generate.py --check  write nothing; exit 1 naming each
                                           file that differs (deploy/validate.sh)
+  python3 deploy/k8s/generate.py --list   the services' names, one a line, in
+                                          the table's order; reads no binary
+                                          (deploy/services.sh)
 
 Python 3.11 or newer (tomllib), the standard library only.
 """
@@ -31,19 +43,26 @@ import tomllib
 from pathlib import Path
 
 K8S = Path(__file__).resolve().parent
-REPO = K8S.parent.parent
-TEMPLATE = K8S / "template"
+DEPLOY = K8S.parent
+REPO = DEPLOY.parent
+TEMPLATE = DEPLOY / "template"
 TABLE = K8S / "services.toml"
-PER_SERVICE_DIR = "SERVICE"
+PER_SERVICE_DIR = ("k8s", "base", "SERVICE")
+# compose.yaml publishes each service's metrics port on the host at this plus
+# its place in the table (1, 2, ...).
+COMPOSE_PORT_BASE = 9100
 
 # Keys whose values are Kubernetes quantities: a bare number would be a YAML
 # number, so it is quoted, as `cpu: "1"`.
 QUANTITIES = ("cpu_request", "memory_request", "cpu_limit", "memory_limit", "storage")
-BLOCKS = ("settings", "extra_env", "termination_grace")
-TABLE_KEYS = {"name", "summary", "settings", "extra_env", "termination_grace", *QUANTITIES}
+REPLICAS = ("dev_replicas", "prod_replicas")
+OPTIONAL_BLOCKS = ("extra_env", "termination_grace", "compose_env")
+BLOCKS = ("settings", *OPTIONAL_BLOCKS)
+TABLE_KEYS = {"name", "summary", "settings", *OPTIONAL_BLOCKS, *QUANTITIES, *REPLICAS}
 
 PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
-DIRECTIVE = re.compile(r"^(\s*)\{\{([#/])(\w+)(?: (\w+))?\}\}\s*$")
+# {{#word key}} or {{#word key separator}}, {{/word}}
+DIRECTIVE = re.compile(r"^(\s*)\{\{([#/])(\w+)(?: (\w+))?(?: ([^\s{}]+))?\}\}\s*$")
 BLOCK_LINE = re.compile(r"^(\s*)\{\{([a-z_]+)\}\}\s*$")
 
 
@@ -146,13 +165,21 @@ def settings_lines(name, topics, settings):
     return "\n".join([f"- {k}={v}" for k, v in literals] + rest)
 
 
-def services_values(bins):
+def read_table():
+    """[defaults] and the [[service]] tables, in their order."""
     table = tomllib.loads(TABLE.read_text())
-    defaults = table.get("defaults", {})
     services = table.get("service", [])
     names = [s.get("name") for s in services]
+    if None in names:
+        raise Error("services.toml: a [[service]] without a name")
     if len(set(names)) != len(names):
         raise Error("services.toml: a name appears twice")
+    return table.get("defaults", {}), services
+
+
+def services_values(bins):
+    defaults, services = read_table()
+    names = [s["name"] for s in services]
     crates = sorted(p.parent.name for p in (REPO / "services").glob("*/Cargo.toml"))
     if sorted(names) != crates:
         raise Error(
@@ -160,7 +187,7 @@ def services_values(bins):
             "a [[service]] table per crate of services/"
         )
     out = []
-    for entry in services:
+    for position, entry in enumerate(services, start=1):
         name = entry["name"]
         unknown = (set(entry) | set(defaults)) - TABLE_KEYS
         if unknown:
@@ -174,8 +201,14 @@ def services_values(bins):
             if key not in merged:
                 raise Error(f"services.toml: {name}: no {key} (nor in [defaults])")
             values[key] = quantity(merged[key])
+        for key in REPLICAS:
+            count = merged.get(key)
+            if type(count) is not int or count < 1:
+                raise Error(f"services.toml: {name}: {key}: want a whole number, at least 1 (here or in [defaults])")
+            values[key] = count
+        values["compose_port"] = COMPOSE_PORT_BASE + position
         values["settings"] = settings_lines(name, topics, merged.get("settings", []))
-        for key in ("extra_env", "termination_grace"):
+        for key in OPTIONAL_BLOCKS:
             if merged.get(key, "").strip():
                 values[key] = merged[key].strip("\n")
         out.append(values)
@@ -201,16 +234,30 @@ def indent(block, prefix):
     return [prefix + line if line else "" for line in block.split("\n")]
 
 
+def joined(repetitions, separator):
+    """The repetitions' lines, each repetition after the first starting with
+    `separator ` (after its first line's indentation)."""
+    out = []
+    for n, lines in enumerate(repetitions):
+        if n and separator and lines:
+            first = lines[0]
+            indentation = first[: len(first) - len(first.lstrip())]
+            lines = [f"{indentation}{separator} {first.lstrip()}", *lines[1:]]
+        out += lines
+    return out
+
+
 def render(lines, values, services, where):
     """Template lines to output lines. {{#each service}} repeats its lines
-    per service; {{#default KEY}} gives its lines unless KEY has a value; a
-    {{KEY}} alone on a line is a block, indented as the placeholder and
-    dropped when empty."""
+    per service ({{#each service or}}: joined by `or`); {{#default KEY}}
+    gives its lines unless KEY has a value; {{#if KEY}} gives them only if it
+    has one; a {{KEY}} alone on a line is a block, indented as the placeholder
+    and dropped when empty."""
     out, i = [], 0
     while i < len(lines):
         line = lines[i]
         if m := DIRECTIVE.match(line):
-            prefix, kind, word, key = m.groups()
+            prefix, kind, word, key, separator = m.groups()
             if kind == "/":
                 raise Error(f"{where}:{i + 1}: {{{{/{word}}}}} without its opening")
             end, depth = i + 1, 1
@@ -224,12 +271,14 @@ def render(lines, values, services, where):
                 raise Error(f"{where}:{i + 1}: {{{{#{word}}}}} is not closed")
             body = lines[i + 1 : end]
             if word == "each" and key == "service":
-                for service in services:
-                    out += render(body, service, services, where)
-            elif word == "default" and key:
+                out += joined([render(body, service, services, where) for service in services], separator)
+            elif word == "default" and key in OPTIONAL_BLOCKS and not separator:
                 if values.get(key):
                     out += indent(values[key], prefix)
                 else:
+                    out += render(body, values, services, where)
+            elif word == "if" and key in OPTIONAL_BLOCKS and not separator:
+                if values.get(key):
                     out += render(body, values, services, where)
             else:
                 raise Error(f"{where}:{i + 1}: unknown directive {line.strip()}")
@@ -253,13 +302,14 @@ def render_file(path, values, services):
 
 
 def outputs(services):
-    """{output path relative to deploy/k8s: (content, template path)}"""
+    """{output path relative to deploy/: (content, template path)}"""
     files = {}
-    for template in sorted(TEMPLATE.rglob("*.yaml")):
+    per_service = len(PER_SERVICE_DIR)
+    for template in sorted(p for p in TEMPLATE.rglob("*") if p.is_file() and p.name != "README.md"):
         rel = template.relative_to(TEMPLATE)
-        if rel.parts[:2] == ("base", PER_SERVICE_DIR):
+        if rel.parts[:per_service] == PER_SERVICE_DIR:
             for service in services:
-                out = Path("base", service["name"], *rel.parts[2:])
+                out = Path(*PER_SERVICE_DIR[:-1], service["name"], *rel.parts[per_service:])
                 files[out] = (render_file(template, service, services), template)
         else:
             files[rel] = (render_file(template, {}, services), template)
@@ -269,9 +319,14 @@ def outputs(services):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
+    parser.add_argument("--list", action="store_true", help="print the services' names, one a line; write nothing")
     parser.add_argument("--bin-dir", help="the built binaries (default $STREAMS_BIN_DIR)")
     args = parser.parse_args()
     try:
+        if args.list:
+            _, listed = read_table()
+            print("\n".join(s["name"] for s in listed))
+            return 0
         services = services_values(bin_dir(args.bin_dir))
         files = outputs(services)
     except Error as e:
@@ -279,7 +334,7 @@ def main():
         return 2
     differ = []
     for rel, (content, template) in files.items():
-        path = K8S / rel
+        path = DEPLOY / rel
         current = path.read_text() if path.exists() else None
         if current == content:
             continue
@@ -305,7 +360,7 @@ def main():
         print(f"{path.relative_to(REPO)}: not a service of deploy/k8s/services.toml; remove it", file=sys.stderr)
     if args.check and (differ or stale):
         print(
-            "generate.py --check: the files above are generated: edit deploy/k8s/template/ or "
+            "generate.py --check: the files above are generated: edit deploy/template/ or "
             "deploy/k8s/services.toml, then `make deploy-generate`",
             file=sys.stderr,
         )

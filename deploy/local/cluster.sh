@@ -38,9 +38,11 @@ CLUSTER_OIDC_PORT="${CLUSTER_OIDC_PORT:-18443}"         # the OIDC issuer (HTTPS
 # for the tests' few hundred partitions.
 CLUSTER_HEAP_OPTS="${CLUSTER_HEAP_OPTS:--Xms128m -Xmx384m}"
 NODES=(1 2 3)
-# One user per service: its application id is the prefix of its topics, group and
-# transactional ids, and of the tests' unique application ids.
-SERVICES=(sensor-fusion order-shipment-joiner sessionizer window-aggregator embed-batcher)
+# One user per service (SERVICES, the services of deploy/k8s/services.toml): its application
+# id is the prefix of its topics, group and transactional ids, and of the tests' unique
+# application ids.
+# shellcheck source=../services.sh
+source "$SCRIPT_DIR/../services.sh"
 # acl-probe holds no ACL of its own: tests grant it exactly what a service lists
 # (tests/tests/cluster_acls.rs).
 USERS=(admin "${SERVICES[@]}" acl-probe)

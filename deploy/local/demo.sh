@@ -7,6 +7,8 @@
 # background and are stopped (SIGTERM) at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# SERVICES: those of deploy/k8s/services.toml; one without a run below is named, not an error.
+source deploy/services.sh
 
 TARGET="${CARGO_TARGET_DIR:-target}/debug"
 FIXTURES=tests/fixtures
@@ -17,6 +19,7 @@ mkdir -p "$WORK"
 streamctl() { "$TARGET/streamctl" "$@"; }
 
 pids=()
+started=()
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -39,17 +42,19 @@ create_and_produce user-events "$FIXTURES/sessionizer/user-events.jsonl"
 create_and_produce orders-marketplace "$FIXTURES/window-aggregator/orders-marketplace.jsonl"
 # No fixture for embed-batcher: a handful of edits written for the demo.
 create_and_produce articles deploy/local/demo-data/articles.jsonl
+create_and_produce clicks "$FIXTURES/deduplicator/clicks.jsonl"
 
 start() { # binary http-port args...
   local binary=$1 port=$2; shift 2
   "$TARGET/$binary" --application-id "$RUN-$binary" --state-dir "$WORK/state" \
     --http-addr "127.0.0.1:$port" "$@" >"$WORK/$binary.log" 2>&1 &
   pids+=($!)
+  started+=("$binary")
   echo "   $binary started (log: $WORK/$binary.log, metrics: http://127.0.0.1:$port/metrics)"
 }
 
 # Output topics exist before anyone reads them (the services would create them too).
-for output in machine-maintenance shipped-orders user-sessions order-window-counts article-embeddings; do
+for output in machine-maintenance shipped-orders user-sessions order-window-counts article-embeddings unique-clicks; do
   streamctl topics create "$(topic "$output")" --partitions 1 >/dev/null
 done
 
@@ -65,6 +70,11 @@ start window-aggregator 19104 --input-topic "$(topic orders-marketplace)" \
 # (all-MiniLM-L6-v2, 384 numbers; the table shows the first few).
 start embed-batcher 19105 --input-topic "$(topic articles)" --output-topic "$(topic article-embeddings)" \
   --batch-size 3
+start deduplicator 19106 --input-topic "$(topic clicks)" --output-topic "$(topic unique-clicks)"
+for service in "${SERVICES[@]}"; do
+  [[ " ${started[*]} " == *" $service "* ]] \
+    || echo "   $service skipped: deploy/local/demo.sh has no example run for it"
+done
 
 show() { # title topic rows
   echo
@@ -77,6 +87,8 @@ show "sessionizer: sessions ended by LOGOUT or inactivity" "$(topic user-session
 show "window-aggregator: 2 s hopping windows every 1 s over all orders" "$(topic order-window-counts)" 4
 show "embed-batcher: a full batch (acme), batches after max-wait (globex, initech)" \
   "$(topic article-embeddings)" 7
+show "deduplicator: each click id's first click; repeats within 10 minutes dropped" \
+  "$(topic unique-clicks)" 4
 echo
 echo "== embed-batcher: cosine similarity of the vectors read back from $(topic article-embeddings)"
 streamctl consume --topic "$(topic article-embeddings)" --from-beginning --max 7 --idle-exit 60s \

@@ -17,6 +17,7 @@ EXAMPLE_INPUTS=(
   user-events 1 tests/fixtures/sessionizer/user-events.jsonl
   orders-marketplace 1 tests/fixtures/window-aggregator/orders-marketplace.jsonl
   articles 1 deploy/local/demo-data/articles.jsonl
+  clicks 1 tests/fixtures/deduplicator/clicks.jsonl
 )
 # Service, output topic, then the file of the rows expected on it: a path of this machine, in
 # the repository unless absolute. embed-batcher's rows are checked by document (below).
@@ -25,6 +26,7 @@ EXAMPLE_OUTPUTS=(
   order-shipment-joiner shipped-orders tests/fixtures/order-shipment-joiner/shipped-orders.expected.jsonl
   sessionizer user-sessions tests/fixtures/sessionizer/user-sessions.expected.jsonl
   window-aggregator order-window-counts tests/fixtures/window-aggregator/order-window-counts.expected.jsonl
+  deduplicator unique-clicks tests/fixtures/deduplicator/unique-clicks.expected.jsonl
 )
 
 # Another input for a topic, and the rows then expected of its service: example_replace

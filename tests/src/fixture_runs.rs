@@ -193,21 +193,39 @@ pub fn sessionizer() -> Service {
 
 /// [`sessionizer`], started by `launcher`.
 pub fn sessionizer_on<L: Launcher>(launcher: &L) -> L::Running {
-    let run = SingleInputRun::new("sessionizer", "user-events", "user-sessions", 1);
-    let service = launcher.start(run.binary, &run.args(&[]));
+    single_input_fixture_on(launcher, "sessionizer", "user-events", "user-sessions")
+}
+
+/// deduplicator: repeats within the TTL dropped, one after it let through.
+pub fn deduplicator() -> Service {
+    deduplicator_on(&Host)
+}
+
+/// [`deduplicator`], started by `launcher`.
+pub fn deduplicator_on<L: Launcher>(launcher: &L) -> L::Running {
+    single_input_fixture_on(launcher, "deduplicator", "clicks", "unique-clicks")
+}
+
+/// The fixture of a service with one input and one output topic, on one
+/// partition with default flags: `tests/fixtures/<service>/<input>.jsonl`
+/// in, exactly `<output>.expected.jsonl` out, in order.
+fn single_input_fixture_on<L: Launcher>(
+    launcher: &L,
+    service: &'static str,
+    input: &str,
+    output: &str,
+) -> L::Running {
+    let run = SingleInputRun::new(service, input, output, 1);
+    let service_run = launcher.start(run.binary, &run.args(&[]));
     launcher.produce(
         &run.input,
-        "user-events",
-        &fixture("sessionizer/user-events.jsonl"),
+        input,
+        &fixture(&format!("{service}/{input}.jsonl")),
     );
-    let records = wait_for_records(&run.output, 1, Duration::from_secs(60));
-    assert_eq!(
-        records,
-        fixture("sessionizer/user-sessions.expected.jsonl"),
-        "log:\n{}",
-        service.log()
-    );
-    service
+    let expected = fixture(&format!("{service}/{output}.expected.jsonl"));
+    let records = wait_for_records(&run.output, expected.len(), OUTPUT_TIMEOUT);
+    assert_eq!(records, expected, "log:\n{}", service_run.log());
+    service_run
 }
 
 /// window-aggregator: the example windows, in order.

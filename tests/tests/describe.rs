@@ -104,6 +104,11 @@ fn window_aggregator_creates_what_it_describes() {
     described_topics_are_created(fixture_runs::window_aggregator_on);
 }
 
+#[test]
+fn deduplicator_creates_what_it_describes() {
+    described_topics_are_created(fixture_runs::deduplicator_on);
+}
+
 /// The configs `streamctl topics describe` shows set on `topic`.
 fn topic_configs(topic: &str) -> BTreeSet<String> {
     streamctl_ok(&["topics", "describe", topic])

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/common/model"
@@ -128,12 +129,14 @@ func TestPromtoolCheckRules(t *testing.T) {
 	t.Log(strings.TrimSpace(out))
 }
 
-// runRuleUnitTests runs prometheus-rules.test.yaml against spec.
+// runRuleUnitTests runs prometheus-rules.test.yaml (withEveryServiceUp)
+// against spec.
 func runRuleUnitTests(t *testing.T, spec monitoringv1.PrometheusRuleSpec) (string, bool) {
 	t.Helper()
 	dir := t.TempDir()
 	writeRuleFile(t, dir, spec)
-	if err := os.WriteFile(filepath.Join(dir, "prometheus-rules.test.yaml"), []byte(readRepoFile(t, rulesTestFile)), 0o644); err != nil {
+	tests := withEveryServiceUp(t, readRepoFile(t, rulesTestFile))
+	if err := os.WriteFile(filepath.Join(dir, "prometheus-rules.test.yaml"), []byte(tests), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return runPromtool(t, dir, "test", "rules", "prometheus-rules.test.yaml")
@@ -206,11 +209,78 @@ func TestPromtoolRuleUnitTestsCatchABrokenAbsenceAlert(t *testing.T) {
 	}
 }
 
+// absenceAlert has one absent() per service of services.toml.
+const absenceAlert = "StreamsServiceAbsent"
+
+// withEveryServiceUp is the unit tests with an `up` series at 1 throughout,
+// in each test of absenceAlert, for every service of the base that the test
+// gives none: a service added to services.toml (and so to the alert) needs
+// no edit of prometheus-rules.test.yaml to stay silent there.
+func withEveryServiceUp(t *testing.T, file string) string {
+	t.Helper()
+	var typed ruleTests
+	var raw struct {
+		Tests []map[string]interface{} `yaml:"tests"`
+		Rest  map[string]interface{}   `yaml:",inline"`
+	}
+	for _, into := range []interface{}{&typed, &raw} {
+		if err := yamlv2.Unmarshal([]byte(file), into); err != nil {
+			t.Fatalf("%s: %v", rulesTestFile, err)
+		}
+	}
+	for i, test := range typed.Tests {
+		var last model.Duration
+		for _, art := range test.AlertRuleTests {
+			if art.Alertname != absenceAlert {
+				continue
+			}
+			at, err := model.ParseDuration(art.EvalTime)
+			if err != nil {
+				t.Fatalf("%s: test %q: eval_time %q: %v", rulesTestFile, test.Name, art.EvalTime, err)
+			}
+			last = max(last, at)
+		}
+		if last == 0 {
+			continue
+		}
+		interval := model.Duration(time.Minute) // promtool's default
+		if test.Interval != "" {
+			var err error
+			if interval, err = model.ParseDuration(test.Interval); err != nil {
+				t.Fatalf("%s: test %q: interval %q: %v", rulesTestFile, test.Name, test.Interval, err)
+			}
+		}
+		up := map[string]bool{}
+		for _, in := range test.InputSeries {
+			if series, err := parser.ParseMetric(in.Series); err == nil && series.Get(labels.MetricName) == "up" {
+				up[series.Get("service")] = true
+			}
+		}
+		series, _ := raw.Tests[i]["input_series"].([]interface{})
+		for _, service := range baseServices(t) {
+			if !up[service] {
+				series = append(series, map[string]string{
+					"series": fmt.Sprintf(`up{job="streams-services",namespace="streams",service=%q,pod="%s-0",container=%q,endpoint="http",instance="10.0.1.1:9090"}`,
+						service, service, service),
+					"values": fmt.Sprintf("1x%d", int64(last/interval)),
+				})
+			}
+		}
+		raw.Tests[i]["input_series"] = series
+	}
+	out, err := yamlv2.Marshal(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
 // ruleTests is the part of promtool's unit-test format read here.
 type ruleTests struct {
 	RuleFiles []string `yaml:"rule_files"`
 	Tests     []struct {
 		Name        string `yaml:"name"`
+		Interval    string `yaml:"interval"`
 		InputSeries []struct {
 			Series string `yaml:"series"`
 		} `yaml:"input_series"`

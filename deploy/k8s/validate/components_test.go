@@ -28,12 +28,6 @@ var loginComponents = []string{"kafka-mtls", "kafka-oidc"}
 // here onto the base: the logins above and interactive queries.
 var renderedComponents = append(append([]string{}, loginComponents...), "queries")
 
-// loginServices are the services whose per-service Secrets the login
-// components and components/queries name;
-// TestLoginComponentSecretsCoverEveryService keeps the list in step with
-// services/.
-var loginServices = []string{"embed-batcher", "order-shipment-joiner", "sensor-fusion", "sessionizer", "window-aggregator"}
-
 // kafkaCredentialsSuffix: components/kafka-sasl mounts the Secret
 // <service>-kafka-credentials into each service's pods.
 const kafkaCredentialsSuffix = "-kafka-credentials"
@@ -42,15 +36,21 @@ const kafkaCredentialsSuffix = "-kafka-credentials"
 // <service>-query-token into each service's pods.
 const queryTokenSuffix = "-query-token"
 
-func init() {
-	// Created outside git, one per service and login (README.md "Deploying
-	// on Kubernetes"), and one per service for queries (docs/deploy.md
-	// "Interactive queries").
-	for _, service := range loginServices {
+// externalSecret: the Secret is one that is created outside git for each
+// service of the base, one per login (README.md "Deploying on Kubernetes")
+// and one for queries (docs/deploy.md "Interactive queries"), as the login
+// components and components/queries name them: references to it are
+// expected to dangle in the render.
+func externalSecret(t testing.TB, name string) bool {
+	t.Helper()
+	for _, service := range baseServices(t) {
 		for _, suffix := range []string{kafkaCredentialsSuffix, "-kafka-tls", "-kafka-oidc", queryTokenSuffix} {
-			externalSecrets[service+suffix] = true
+			if name == service+suffix {
+				return true
+			}
 		}
 	}
+	return false
 }
 
 // podSecrets are the Secrets a pod template names: volumes (projected ones
@@ -467,7 +467,7 @@ func checkProps(t *testing.T, props map[string]EnvVar, want map[string]string) {
 }
 
 // The credentials checks refuse prod's StatefulSets with one Secret for
-// all five services (one principal), and with one service mounting another's.
+// every service (one principal), and with one service mounting another's.
 func TestKafkaCredentialsChecksRejectASharedSecret(t *testing.T) {
 	prod := render(t, "prod")
 	problems := ownSecretProblems(prod, kafkaCredentialsSuffix, sharedKafkaCredentials)
@@ -485,8 +485,8 @@ func TestKafkaCredentialsChecksRejectASharedSecret(t *testing.T) {
 		r    *Rendered
 		want []string // each in some problem
 	}{
-		{"one Secret for all five", rename("streams-kafka-credentials"),
-			[]string{"want the service's own sessionizer-kafka-credentials", "the Secret streams-kafka-credentials is shared by embed-batcher, order-shipment-joiner, sensor-fusion, sessionizer, window-aggregator"}},
+		{"one Secret for all", rename("streams-kafka-credentials"),
+			[]string{"want the service's own sessionizer-kafka-credentials", "the Secret streams-kafka-credentials is shared by " + strings.Join(baseServices(t), ", ")}},
 		{"sessionizer mounts embed-batcher's", rename("embed-batcher-kafka-credentials", "sessionizer"),
 			[]string{"is a file of the Secret embed-batcher-kafka-credentials; want the service's own sessionizer-kafka-credentials",
 				"the Secret embed-batcher-kafka-credentials is shared by embed-batcher, sessionizer"}},
@@ -507,10 +507,11 @@ func TestKafkaCredentialsChecksRejectASharedSecret(t *testing.T) {
 	}
 }
 
-// The per-service Secrets the components name cover every service.
+// The per-service Secrets the components name cover every service: the
+// base, from services.toml, deploys every crate of services/.
 func TestLoginComponentSecretsCoverEveryService(t *testing.T) {
-	if got, want := strings.Join(loginServices, " "), strings.Join(serviceNames(t), " "); got != want {
-		t.Errorf("loginServices %s; services/ has %s", got, want)
+	if got, want := strings.Join(baseServices(t), " "), strings.Join(serviceNames(t), " "); got != want {
+		t.Errorf("deploy/k8s/base/kustomization.yaml lists %s; services/ has %s", got, want)
 	}
 }
 
@@ -854,7 +855,7 @@ func TestQueriesComponent(t *testing.T) {
 	}
 }
 
-// The query token checks refuse one Secret for all five services (one
+// The query token checks refuse one Secret for every service (one
 // service's token would read every other's state), a service mounting
 // another's, a writable mode and a writable mount.
 func TestQueryTokenChecksRejectASharedSecret(t *testing.T) {
@@ -880,9 +881,9 @@ func TestQueryTokenChecksRejectASharedSecret(t *testing.T) {
 		r    *Rendered
 		want []string // each in some problem
 	}{
-		{"one Secret for all five", rename("streams-query-token"),
+		{"one Secret for all", rename("streams-query-token"),
 			[]string{"sessionizer: QUERY_TOKEN_FILE \"/etc/streams/query/token\" is a file of the Secret streams-query-token; want the service's own sessionizer-query-token",
-				"the Secret streams-query-token is shared by embed-batcher, order-shipment-joiner, sensor-fusion, sessionizer, window-aggregator: " + sharedQueryToken}},
+				"the Secret streams-query-token is shared by " + strings.Join(baseServices(t), ", ") + ": " + sharedQueryToken}},
 		{"sessionizer mounts embed-batcher's", rename("embed-batcher-query-token", "sessionizer"),
 			[]string{"is a file of the Secret embed-batcher-query-token; want the service's own sessionizer-query-token",
 				"the Secret embed-batcher-query-token is shared by embed-batcher, sessionizer"}},
@@ -1011,7 +1012,7 @@ func TestQueryPolicyChecksRejectOpenPolicies(t *testing.T) {
 			open.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{}}
 			return []*networkingv1.NetworkPolicy{np, open}
 		}), []string{"sessionizer: selected by 2 NetworkPolicies [sessionizer-query streams-open]; want exactly one",
-			"NetworkPolicy streams-open selects the pods of embed-batcher, order-shipment-joiner, sensor-fusion, sessionizer, window-aggregator: want one service's",
+			"NetworkPolicy streams-open selects the pods of " + strings.Join(baseServices(t), ", ") + ": want one service's",
 			"window-aggregator: port query (8090) is open to every source (NetworkPolicy streams-open ingress[0])"}},
 	} {
 		got := strings.Join(queryPolicyProblems(c.r), "\n")

@@ -17,12 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// externalSecrets are created outside git (README.md "Deploying on
-// Kubernetes"): references to them are expected to dangle in the render.
-// The per-service ones (<service>-kafka-credentials, -kafka-tls,
-// -kafka-oidc, -query-token) are added in components_test.go.
-var externalSecrets = map[string]bool{}
-
 // EnvVar is one variable of a container as Kubernetes would set it.
 type EnvVar struct {
 	Name      string
@@ -62,7 +56,7 @@ func containerEnv(t testing.TB, r *Rendered, c corev1.Container) (map[string]Env
 				ref := e.ValueFrom.SecretKeyRef
 				v.Secret = ref.Name
 				optional := ref.Optional != nil && *ref.Optional
-				if r.secret(ref.Name) == nil && !externalSecrets[ref.Name] && !optional {
+				if r.secret(ref.Name) == nil && !externalSecret(t, ref.Name) && !optional {
 					problems = append(problems, fmt.Sprintf("env %s: Secret %q is neither rendered, nor optional, nor a documented external Secret", e.Name, ref.Name))
 				}
 			case e.ValueFrom.ConfigMapKeyRef != nil:
@@ -220,7 +214,7 @@ func checkStatefulSet(t *testing.T, r *Rendered, sts *appsv1.StatefulSet, docker
 	// Secret volumes: like secretKeyRef, a rendered, optional or documented
 	// external Secret (a misspelt name leaves the pod ContainerCreating).
 	for _, v := range pod.Volumes {
-		if s := v.Secret; s != nil && r.secret(s.SecretName) == nil && !externalSecrets[s.SecretName] && (s.Optional == nil || !*s.Optional) {
+		if s := v.Secret; s != nil && r.secret(s.SecretName) == nil && !externalSecret(t, s.SecretName) && (s.Optional == nil || !*s.Optional) {
 			t.Errorf("volume %s: Secret %q is neither rendered, nor optional, nor a documented external Secret", v.Name, s.SecretName)
 		}
 	}

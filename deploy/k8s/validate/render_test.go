@@ -171,8 +171,8 @@ func TestClusterOverlaysRenderAndDecodeStrictly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(r.StatefulSets) != 5 {
-				t.Fatalf("%d StatefulSets rendered, not 5", len(r.StatefulSets))
+			if want := len(baseServices(t)); len(r.StatefulSets) != want {
+				t.Fatalf("%d StatefulSets rendered, not %d (one per service)", len(r.StatefulSets), want)
 			}
 			for _, set := range r.StatefulSets {
 				container := set.Spec.Template.Spec.Containers[0]

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // repoRoot is the checkout: this file is deploy/k8s/validate/repo_test.go.
@@ -57,6 +59,22 @@ func serviceNames(t testing.TB) []string {
 		t.Fatal("no services found in services/")
 	}
 	return names
+}
+
+// baseServices are the services the kustomize base deploys, sorted: the
+// resources of deploy/k8s/base/kustomization.yaml, which
+// deploy/k8s/generate.py lists from services.toml.
+func baseServices(t testing.TB) []string {
+	t.Helper()
+	const baseFile = "deploy/k8s/base/kustomization.yaml"
+	var base struct {
+		Resources []string `json:"resources"`
+	}
+	if err := yaml.Unmarshal([]byte(readRepoFile(t, baseFile)), &base); err != nil {
+		t.Fatalf("%s: %v", baseFile, err)
+	}
+	sort.Strings(base.Resources)
+	return base.Resources
 }
 
 // binDir holds the built binaries: $STREAMS_BIN_DIR, else

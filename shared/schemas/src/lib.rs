@@ -30,6 +30,8 @@ schemas! {
     ARTICLE_EMBEDDINGS => "article-embeddings",
     ORDERS_MARKETPLACE => "orders-marketplace",
     ORDER_WINDOW_COUNTS => "order-window-counts",
+    CLICKS => "clicks",
+    UNIQUE_CLICKS => "unique-clicks",
 }
 
 /// The schema of `topic`, if it is one of the project's topics.
