@@ -4,15 +4,19 @@
 Builds all test binaries once (`cargo test --workspace --no-run`), then runs
 them in LANES lanes against the one local stack:
 
-  * `broker_restart` restarts the local broker, so it starts first, and
-    until it ends the other lanes take only tests that need no broker
-    (unit, doc and driver tests). Not the cluster tests either: their
-    cluster's start beside the restart slowed the broker's stop past what
-    stack.sh waits for.
+  * Two jobs run alone among the end-to-end tests: while one runs, the
+    other lanes take only tests that need no broker (unit, doc and driver
+    tests). First `broker_restart`, which restarts the local broker. Then
+    the start of the secured cluster the cluster tests use
+    (`deploy/local/cluster.sh up`: three brokers, a registry and an OIDC
+    issuer starting take both cores for a minute and a half; end-to-end
+    tests beside it had exactly-once transactions outlive their 10 s
+    timeout, and the broker's stop in the restart, beside it, outlived
+    what stack.sh waits for).
   * Then the end-to-end tests, longest first, and the broker-free tests
-    left over. The cluster tests share the secured cluster they start, so
-    they run one after another, as one job. Every other end-to-end test
-    uses topics, application ids, state directories and ports of its own
+    left over. The cluster tests share the secured cluster, so they run
+    one after another, as one job. Every other end-to-end test uses
+    topics, application ids, state directories and ports of its own
     (`e2e_tests::unique`), so any two run side by side.
 
 Each binary's output goes to <scratch>/test-logs/<name>.log and is printed
@@ -36,18 +40,17 @@ from pathlib import Path
 
 E2E_PACKAGE = "e2e-tests"
 BROKER_RESTART = "broker_restart"
+CLUSTER_START = "cluster start"
+# Jobs that run alone among the end-to-end tests, in this order.
+ALONE = [BROKER_RESTART, CLUSTER_START]
 CLUSTER = ["cluster", "cluster_acls", "cluster_logins"]
 # The jobs that take longest (the table each run prints ends with the
 # durations), each kind started longest first so that the lanes end
 # together; the rest follow by name.
 LONGEST_FIRST = [
     "cluster",
-    # Not beside the cluster's start (three brokers, a registry and an
-    # issuer starting on two cores): its tests hold transactions to the 10 s
-    # timeout, and once a produce request to the starved local broker timed
-    # out.
-    "order_shipment_joiner",
     "embed_forward_progress",
+    "order_shipment_joiner",
     "fault_tolerance",
     "window_aggregator",
     "embed_batcher",
@@ -127,15 +130,19 @@ def plan(binaries, cargo, test_args):
             broker_free.append(Job([command], False))
     doc_tests = [cargo, "test", "--workspace", "--doc", "--", *test_args]
     broker_free.append(Job([("doc tests", doc_tests, os.getcwd())], False))
+    cluster_start = []
     if cluster:
         cluster.sort(key=lambda command: CLUSTER.index(command[0]))
         end_to_end.append(Job(cluster, True))
+        # The cluster tests start it themselves if it is not up (a no-op if it is).
+        up = ["bash", "deploy/local/cluster.sh", "up"]
+        cluster_start.append(Job([(CLUSTER_START, up, os.getcwd())], True))
 
     def rank(job):
         listed = job.name in LONGEST_FIRST
         return (LONGEST_FIRST.index(job.name) if listed else len(LONGEST_FIRST), job.name)
 
-    return restart + sorted(end_to_end, key=rank) + sorted(broker_free, key=rank)
+    return restart + cluster_start + sorted(end_to_end, key=rank) + sorted(broker_free, key=rank)
 
 
 def run_command(command, cargo, logs, lane):
@@ -160,30 +167,30 @@ def run_command(command, cargo, logs, lane):
 def run_all(jobs, lanes, cargo, logs, results):
     queue = list(jobs)
     changed = threading.Condition()
-    restarting = False
+    alone = False  # whether a job of ALONE runs
 
     def next_job():
         """The next job a lane may start now, or None when all have started."""
-        nonlocal restarting
+        nonlocal alone
         with changed:
             while queue:
-                if queue[0].name == BROKER_RESTART:
-                    restarting = True
+                if queue[0].name in ALONE and not alone:
+                    alone = True
                     return queue.pop(0)
                 for index, job in enumerate(queue):
-                    if not (restarting and job.needs_broker):
+                    if not ((alone or queue[0].name in ALONE) and job.needs_broker):
                         return queue.pop(index)
                 changed.wait()
             return None
 
     def lane_loop(lane):
-        nonlocal restarting
+        nonlocal alone
         while (job := next_job()) is not None:
             for command in job.commands:
                 results.append(run_command(command, cargo, logs, lane))
-            if job.name == BROKER_RESTART:
+            if job.name in ALONE:
                 with changed:
-                    restarting = False
+                    alone = False
                     changed.notify_all()
 
     threads = [threading.Thread(target=lane_loop, args=(lane,), daemon=True) for lane in range(1, lanes + 1)]

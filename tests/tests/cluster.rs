@@ -61,6 +61,14 @@ fn embed_batcher_fixture_through_sasl_ssl() {
     fixture_through_sasl_ssl(fixture_runs::embed_batcher);
 }
 
+/// The example service logs in as its own user, with the ACLs that
+/// `deploy/local/cluster.sh` granted from its `acls` (it reads the list of
+/// services from `deploy/k8s/services.toml`).
+#[test]
+fn deduplicator_fixture_through_sasl_ssl() {
+    fixture_through_sasl_ssl(fixture_runs::deduplicator);
+}
+
 /// The sessionizer's properties file with `key` set to `value`.
 fn sessionizer_properties_with(key: &str, value: &str) -> PathBuf {
     sessionizer_properties_edited(&[key], &format!("{key}={value}\n"))

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::EngineCounters;
+use super::counters::EngineCounters;
 use crate::avro::{DecodeError, Registry};
 use crate::collector::{Collector, Headers, TopicId};
 use crate::task::{InputKind, Origin, Pending};
