@@ -6,7 +6,9 @@
 #      (deploy/k8s/base/, the overlays, the components' per-service patches,
 #      the alerting rules, the Dockerfile, compose.yaml) are what
 #      deploy/template/ and deploy/k8s/services.toml generate (with the
-#      binaries' describe);
+#      binaries' describe); and each service document's flag table
+#      (docs/services/<service>.md) against the binary's --help
+#      (deploy/local/check-flag-tables.py);
 #   3. go test in deploy/k8s/validate: the kustomize overlays rendered and
 #      strict-decoded into the Kubernetes API types and validated by the API
 #      server's own code (k8s.io/kubernetes), their invariants,
@@ -56,6 +58,8 @@ fi
 step "deploy/k8s/generate.py --check (binaries from $STREAMS_BIN_DIR)"
 python3 deploy/k8s/generate.py --check
 step "generated files up to date"
+step "the flag tables of docs/services/*.md against each binary's --help"
+python3 deploy/local/check-flag-tables.py "$STREAMS_BIN_DIR"
 
 command -v go >/dev/null || { echo "[validate-deploy] ERROR: go is not installed" >&2; exit 1; }
 

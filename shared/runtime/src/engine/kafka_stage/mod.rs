@@ -21,17 +21,18 @@
 //! is never held across `poll`.
 //!
 //! The stage's work is split by concern: `rebalance` (assignments and
-//! revocations), `commit_in_flight` (sealing, finishing and rolling back a
+//! revocations), `ownership` (the task input partitions owned, held in part
+//! or paused), `commit_in_flight` (sealing, finishing and rolling back a
 //! commit), `run_loop` (the poll loop, ticks and back-pressure) and
 //! `store_opening` (how a task's store is brought up to date).
 
 mod commit_in_flight;
+mod ownership;
 mod rebalance;
 mod run_loop;
 mod state_updater;
 mod store_opening;
 
-use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,6 +58,7 @@ use crate::standby::ThreadTasks;
 use crate::state::store::StateResources;
 use crate::watermark::Announcement;
 use commit_in_flight::SealedCommit;
+use ownership::Ownership;
 use state_updater::StateUpdater;
 use store_opening::StoreOpener;
 
@@ -81,21 +83,11 @@ pub(crate) struct KafkaStage<P: Processor> {
     brokers: BrokerWatch,
     /// The consumer's last librdkafka statistics, which its context keeps.
     pub(super) consumer_statistics: Arc<ClientStatistics>,
-    /// Assignments received (see [`metrics::REBALANCES`]).
-    rebalances: u64,
-    /// Whether an assignment has come since the start, or since the last
-    /// revocation that took every partition.
-    assigned: bool,
     /// Where the processing thread's time goes.
     phases: PhaseTimes,
-    /// Owned partitions of the topics that feed tasks, by (subscription, partition).
-    owned: HashSet<(usize, i32)>,
-    /// Tasks of which only some partitions are owned (paused).
-    incomplete: BTreeSet<i32>,
-    /// Task input partitions paused because their task has their part of
-    /// [`MERGE_BUFFER_BYTES`](run_loop::MERGE_BUFFER_BYTES) waiting (see
-    /// [`Self::apply_backpressure`]).
-    backpressured: HashSet<(usize, i32)>,
+    /// The task input partitions owned, held in part, or paused for
+    /// back-pressure (see [`Self::apply_backpressure`]).
+    ownership: Ownership,
     /// An error raised inside a rebalance callback, surfaced by the loop.
     fatal: Option<anyhow::Error>,
     /// Whether the stage has made its final commit (the consumer closes).
@@ -193,12 +185,8 @@ impl<P: Processor> KafkaStage<P> {
             input_lag: InputLag::default(),
             brokers: BrokerWatch::default(),
             consumer_statistics: Arc::default(),
-            rebalances: 0,
-            assigned: false,
             phases: PhaseTimes::default(),
-            owned: HashSet::new(),
-            incomplete: BTreeSet::new(),
-            backpressured: HashSet::new(),
+            ownership: Ownership::default(),
             fatal: None,
             closed: false,
             in_flight: None,
@@ -291,11 +279,11 @@ impl<P: Processor> KafkaStage<P> {
         self.delivery.export(&mut snapshot);
         self.consumer_statistics.export("consumer", &mut snapshot);
         self.input_lag.export(&mut snapshot);
-        snapshot.add(metrics::REBALANCES, vec![], self.rebalances);
+        snapshot.add(metrics::REBALANCES, vec![], self.ownership.rebalances());
         snapshot.set(
             metrics::TASKS_INCOMPLETE,
             vec![],
-            self.incomplete.len() as f64,
+            self.ownership.incomplete() as f64,
         );
         for partition in self.updater.opening() {
             snapshot.set(
@@ -318,7 +306,7 @@ impl<P: Processor> KafkaStage<P> {
     fn thread_state(&self) -> ThreadState {
         if !self.updater.is_idle() {
             ThreadState::Restoring
-        } else if !self.assigned || !self.incomplete.is_empty() {
+        } else if self.ownership.waits_for_partitions() {
             ThreadState::Rebalancing
         } else {
             ThreadState::Running

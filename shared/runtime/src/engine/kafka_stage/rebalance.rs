@@ -145,15 +145,14 @@ impl<P: Processor> KafkaStage<P> {
         partitions: &TopicPartitionList,
     ) -> anyhow::Result<()> {
         self.metrics.set_ready(false);
-        self.rebalances += 1;
-        self.assigned = true;
+        self.ownership.assignment();
         let mut touched: Vec<i32> = Vec::new();
         for element in partitions.elements() {
             let Some(index) = self.engine.subscription_index(element.topic()) else {
                 continue;
             };
             if self.engine.subscriptions()[index].route.feeds_task() {
-                self.owned.insert((index, element.partition()));
+                self.ownership.take((index, element.partition()));
                 touched.push(element.partition());
             }
         }
@@ -181,11 +180,7 @@ impl<P: Processor> KafkaStage<P> {
         partition: i32,
     ) -> anyhow::Result<()> {
         let task_topics = self.engine.task_topics();
-        let owned: Vec<&str> = task_topics
-            .iter()
-            .filter(|(index, _)| self.owned.contains(&(*index, partition)))
-            .map(|(_, topic)| topic.as_str())
-            .collect();
+        let owned = self.ownership.owned_of(&task_topics, partition);
         let mut list = TopicPartitionList::new();
         for topic in &owned {
             list.add_partition(topic, partition);
@@ -194,7 +189,7 @@ impl<P: Processor> KafkaStage<P> {
             if owned.is_empty() {
                 return Ok(());
             }
-            if self.incomplete.insert(partition) {
+            if self.ownership.held_in_part(partition) {
                 tracing::warn!(
                     partition,
                     "this instance holds only some partitions of task {partition}; \
@@ -206,7 +201,7 @@ impl<P: Processor> KafkaStage<P> {
             consumer.pause(&list)?;
             return Ok(());
         }
-        let was_incomplete = self.incomplete.remove(&partition);
+        let was_incomplete = self.ownership.held_whole(partition);
         if self.engine.is_suspended(partition) {
             let committed = committed_for(consumer, &owned, partition)?;
             if !(self.engine).suspended_task_is_current(partition, &owned, &committed)? {
@@ -321,7 +316,7 @@ impl<P: Processor> KafkaStage<P> {
             };
             let partition = element.partition();
             self.engine.release(index, partition);
-            if self.owned.remove(&(index, partition)) {
+            if self.ownership.give_up((index, partition)) {
                 touched.push(partition);
             }
         }
@@ -337,11 +332,7 @@ impl<P: Processor> KafkaStage<P> {
             // Records of the partitions kept were consumed into the closed
             // task's buffers but not processed: read them again from the
             // offsets just committed.
-            let kept: Vec<&str> = task_topics
-                .iter()
-                .filter(|(index, _)| self.owned.contains(&(*index, partition)))
-                .map(|(_, topic)| topic.as_str())
-                .collect();
+            let kept = self.ownership.owned_of(&task_topics, partition);
             let committed = if kept.is_empty() {
                 Vec::new()
             } else {
@@ -358,13 +349,9 @@ impl<P: Processor> KafkaStage<P> {
                     || self.engine.is_suspended(partition)
                     || self.updater.is_opening(partition),
             );
-            if !self.owned.iter().any(|(_, p)| *p == partition) {
-                self.incomplete.remove(&partition);
-            }
+            self.ownership.forget_if_gone(partition);
         }
-        if self.owned.is_empty() {
-            self.assigned = false;
-        }
+        self.ownership.revocation_done();
         self.publish_metrics();
         Ok(())
     }

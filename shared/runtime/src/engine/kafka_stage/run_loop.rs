@@ -71,10 +71,10 @@ impl<P: Processor> KafkaStage<P> {
     pub(super) fn apply_backpressure(&mut self, consumer: &GroupConsumer<P>) -> anyhow::Result<()> {
         let mut pause = Vec::new();
         let mut resume = Vec::new();
-        let part = MERGE_BUFFER_BYTES / self.owned.len().max(1);
-        for &key @ (subscription, partition) in &self.owned {
+        let part = MERGE_BUFFER_BYTES / self.ownership.owned().len().max(1);
+        for &key @ (subscription, partition) in self.ownership.owned() {
             let buffered = self.engine.buffered_bytes(subscription, partition);
-            let paused = self.backpressured.contains(&key);
+            let paused = self.ownership.is_backpressured(&key);
             if !paused && buffered >= part {
                 pause.push(key);
             } else if paused && buffered <= part / 2 {
@@ -83,12 +83,12 @@ impl<P: Processor> KafkaStage<P> {
         }
         if !pause.is_empty() {
             consumer.pause(&self.partition_list(&pause))?;
-            self.backpressured.extend(pause);
+            self.ownership.backpressure(pause);
         }
         if !resume.is_empty() {
             consumer.resume(&self.partition_list(&resume))?;
             for key in resume {
-                self.backpressured.remove(&key);
+                self.ownership.relieve(&key);
             }
         }
         Ok(())
@@ -100,7 +100,7 @@ impl<P: Processor> KafkaStage<P> {
         &mut self,
         consumer: &GroupConsumer<P>,
     ) -> anyhow::Result<()> {
-        let paused: Vec<(usize, i32)> = self.backpressured.drain().collect();
+        let paused = self.ownership.relieve_all();
         if !paused.is_empty() {
             consumer.resume(&self.partition_list(&paused))?;
         }
