@@ -15,7 +15,8 @@ them in LANES lanes against the one local stack:
     what stack.sh waits for).
   * Then the end-to-end tests, longest first, and the broker-free tests
     left over. The cluster tests share the secured cluster, so they run
-    one after another, as one job. Every other end-to-end test uses
+    one after another, as one job, which then stops it (`make cluster-up`
+    starts it again). Every other end-to-end test uses
     topics, application ids, state directories and ports of its own
     (`e2e_tests::unique`), so any two run side by side.
 
@@ -133,7 +134,10 @@ def plan(binaries, cargo, test_args):
     cluster_start = []
     if cluster:
         cluster.sort(key=lambda command: CLUSTER.index(command[0]))
-        end_to_end.append(Job(cluster, True))
+        # Stopped when its tests end: its three brokers, busy with the tests'
+        # replicas, would take CPU from the tests after them.
+        down = ["bash", "deploy/local/cluster.sh", "down"]
+        end_to_end.append(Job([*cluster, ("cluster stop", down, os.getcwd())], True))
         # The cluster tests start it themselves if it is not up (a no-op if it is).
         up = ["bash", "deploy/local/cluster.sh", "up"]
         cluster_start.append(Job([(CLUSTER_START, up, os.getcwd())], True))
