@@ -22,9 +22,21 @@ pub struct Release {
 }
 
 impl Release {
-    /// The release before this checkout, as `tests/upgrade/previous-release` names it.
+    /// The release before this checkout, as `tests/upgrade/previous-release`
+    /// names it: the last to write state format 1.
     pub fn previous() -> Release {
-        let path = workspace().join("tests/upgrade/previous-release");
+        Self::named_in("previous-release")
+    }
+
+    /// The first release, as `tests/upgrade/first-release` names it: it
+    /// wrote state format 1 before formats were marked and checked.
+    pub fn first() -> Release {
+        Self::named_in("first-release")
+    }
+
+    /// The release `tests/upgrade/<file>` names.
+    fn named_in(file: &str) -> Release {
+        let path = workspace().join("tests/upgrade").join(file);
         let text =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let field = |name: &str| {

@@ -26,6 +26,7 @@ use crate::reset::{reset, ResetArgs, Stopped};
 use crate::shutdown::{self, is_interrupted, Signals};
 use crate::standby::StandbyUpdater;
 use crate::startup::{prepare_stage, ServiceEnv, StreamThread};
+use crate::state::format::{WriteFormat, STATE_FORMAT};
 use crate::state::store::StateResources;
 #[cfg(feature = "test-utils")]
 use crate::testing::{driver_stage, DriverEnv, DriverStage};
@@ -376,6 +377,17 @@ impl Pipeline {
         )?;
         let memory_limit = usize::try_from(self.args.state_memory_limit.saturating_mul(1 << 20))
             .unwrap_or(usize::MAX);
+        let write_format = self.args.write_format()?;
+        if write_format != WriteFormat::NEWEST {
+            tracing::info!(
+                format = write_format.number(),
+                newest = STATE_FORMAT,
+                "writing state format {} for a two-step upgrade: drop --upgrade-from-format \
+                 (UPGRADE_FROM_FORMAT) in a second rolling restart once every instance runs \
+                 this release",
+                write_format.number()
+            );
+        }
         let mut env = ServiceEnv {
             application_id: self.args.application_id_or(self.service),
             runtime: runtime.handle().clone(),
@@ -383,7 +395,8 @@ impl Pipeline {
             registry: client.registry,
             admin,
             metrics,
-            state_resources: StateResources::new(memory_limit, processing_threads),
+            state_resources: StateResources::new(memory_limit, processing_threads)
+                .writing(write_format),
             shutdown,
             link_writers: HashMap::new(),
             queryable: Vec::new(),

@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use crate::state::format::WriteFormat;
 use crate::watermark::Announcement;
 
 /// Index of a topic in the collector's topic table.
@@ -27,8 +28,8 @@ pub(crate) enum Headers {
     Watermark(Announcement),
     /// Why a record was dead-lettered and where it came from.
     DeadLetter(DeadLetter),
-    /// A changelog record: the state format it is written in.
-    Changelog,
+    /// A changelog record in this state format.
+    Changelog(WriteFormat),
 }
 
 /// The provenance of a dead-lettered record.
@@ -227,11 +228,13 @@ impl Collector {
         );
     }
 
-    /// Appends a changelog record (a `None` value deletes the key).
+    /// Appends a changelog record written in `format` (a `None` value
+    /// deletes the key).
     pub fn push_changelog(
         &mut self,
         topic: TopicId,
         changelog: ChangelogPartition,
+        format: WriteFormat,
         key: &[u8],
         value: Option<&[u8]>,
     ) {
@@ -240,7 +243,7 @@ impl Collector {
             Some(changelog.partition),
             Some(key),
             value,
-            Headers::Changelog,
+            Headers::Changelog(format),
         );
         self.records.last_mut().expect("just pushed").changelog = Some(changelog);
     }

@@ -12,6 +12,7 @@ use clap::{Args, ValueEnum};
 pub use crate::client::kafka::GroupProtocol;
 use crate::client::ClientArgs;
 use crate::duration::HumanDuration;
+use crate::state::format::WriteFormat;
 
 /// How input records, state changes and outputs are committed together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -119,6 +120,15 @@ pub struct RuntimeArgs {
     /// Needs exactly_once_v2 and the classic group protocol.
     #[arg(long, env = "STANDBY_REPLICAS", default_value_t = 0)]
     pub standby_replicas: usize,
+
+    /// The first step of a two-step upgrade to a release of a newer state
+    /// format (Kafka Streams' `upgrade.from`): the state format the pods
+    /// being replaced write, which this build then writes too, so that they
+    /// can keep standbys of its tasks, take them over, or replace it again
+    /// (a rollback). Drop it in a second rolling restart once every pod runs
+    /// this build (docs/deploy.md, "Upgrades and rollback").
+    #[arg(long, env = "UPGRADE_FROM_FORMAT")]
+    pub upgrade_from_format: Option<u8>,
 
     /// When an input partition delivers nothing for this long (wall clock), it
     /// stops holding the watermark back. Off by default: results stay replayable.
@@ -288,9 +298,18 @@ fn parse_stream_threads(text: &str) -> Result<usize, String> {
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9090";
 
 impl RuntimeArgs {
+    /// The state format to write (`--upgrade-from-format`).
+    pub fn write_format(&self) -> anyhow::Result<WriteFormat> {
+        match self.upgrade_from_format {
+            Some(format) => WriteFormat::upgrading_from(format),
+            None => Ok(WriteFormat::NEWEST),
+        }
+    }
+
     /// Checks the combinations of flags that clap cannot.
     pub fn check(&self) -> anyhow::Result<()> {
         self.queries.check()?;
+        self.write_format()?;
         if self.standby_replicas > 0 {
             anyhow::ensure!(
                 self.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2,

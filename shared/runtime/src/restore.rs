@@ -296,12 +296,13 @@ impl Restorer {
                         changelog.done = true;
                         continue;
                     }
-                    crate::state::format::changelog_record_format(
+                    let format = crate::state::format::changelog_record_format(
                         message.headers(),
                         changelog.topic,
                         partition,
                         message.offset(),
                     )?;
+                    store.applying_format(format)?;
                     let key = message.key().unwrap_or_default();
                     store.restore_record(
                         &mut restoring,

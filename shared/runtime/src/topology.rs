@@ -216,9 +216,7 @@ pub struct Topology<I> {
 
 /// The runtime's store of pending timers.
 pub(crate) const TIMER_STORE: &str = "timers";
-/// The runtime's store of each task's progress: input clocks, the task
-/// watermark and the next offset of every input partition.
-pub(crate) const PROGRESS_STORE: &str = "task-progress";
+pub(crate) use crate::state::progress_layout::PROGRESS_STORE;
 
 /// Every store of processor `P`, the runtime's own last (the timer store
 /// only if `P` does not derive its timers from state); a declared name that

@@ -69,7 +69,7 @@ impl<P: Processor> Engine<P> {
             .announce_source_watermarks(&mut self.collector, heartbeats);
         self.announce_task_watermarks();
         for task in self.tasks.values_mut() {
-            task.stage_clocks();
+            task.stage_clocks()?;
             for ((subscription, partition), next) in self.intake.positions() {
                 let subscription = &self.intake.subscriptions()[subscription];
                 if partition == task.partition && subscription.route.feeds_task() {
@@ -85,8 +85,10 @@ impl<P: Processor> Engine<P> {
                     store,
                     partition: task.partition,
                 };
+                let format = task.store.write_format();
                 for (key, value) in task.store.sealed(store) {
-                    self.collector.push_changelog(*topic, changelog, key, value);
+                    self.collector
+                        .push_changelog(*topic, changelog, format, key, value);
                 }
             }
         }

@@ -236,18 +236,20 @@ impl StandbyUpdater {
                     else {
                         continue;
                     };
-                    if let Err(error) = format::changelog_record_format(
+                    let format = match format::changelog_record_format(
                         message.headers(),
                         message.topic(),
                         partition,
                         message.offset(),
                     ) {
-                        if !error.is::<UnknownFormat>() {
-                            return Err(error);
+                        Ok(format) => format,
+                        Err(error) if error.is::<UnknownFormat>() => {
+                            self.set_aside_unreadable(partition, &error)?;
+                            continue;
                         }
-                        self.set_aside_unreadable(partition, &error)?;
-                        continue;
-                    }
+                        Err(error) => return Err(error),
+                    };
+                    standby.store.applying_format(format)?;
                     standby.store.stage_restored(
                         &mut standby.batch,
                         store_index,

@@ -15,10 +15,14 @@
 //! [`UnknownFormat`] before it reads a byte of such state (a directory is
 //! checked before RocksDB opens it, a record before it is applied). An older
 //! one is brought up to date: local stores by `MIGRATIONS` when they open,
-//! and a changelog record of an older format where
-//! `changelog_record_format` is called (nothing to convert while every
-//! known format is 1). docs/architecture.md, "State format", says when a
-//! change needs a new format.
+//! and a changelog record as it is, since a store reads every older layout
+//! it holds (a restore copies records byte for byte). docs/architecture.md,
+//! "State format", says when a change needs a new format.
+//!
+//! A build writes [`STATE_FORMAT`] unless told to write an older one
+//! ([`WriteFormat`]: `--upgrade-from-format`), the first step of a two-step
+//! upgrade: while pods of the older release run beside it, and may keep a
+//! standby of its tasks or take them over, it writes only what they read.
 //!
 //! Each value also starts with its own encoding byte ([`super::codec`]);
 //! the state format covers what that byte cannot: keys, the stores and what
@@ -31,7 +35,8 @@ use std::path::Path;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rocksdb::DB;
 
-/// The format this build writes: the first, plus one per migration.
+/// The newest format, which this build writes unless told otherwise: the
+/// first, plus one per migration.
 pub const STATE_FORMAT: u8 = FIRST_FORMAT + MIGRATIONS.len() as u8;
 
 /// The format of state written before formats were marked.
@@ -46,8 +51,43 @@ type Migration = fn(&DB) -> anyhow::Result<()>;
 /// `MIGRATIONS[n - 1]` takes a store of format `n` to `n + 1`; adding one
 /// raises [`STATE_FORMAT`]. The marker is written after the last step, so
 /// a step interrupted by a crash runs again: each must be safe to repeat
-/// (one `WriteBatch` per step is).
-const MIGRATIONS: &[Migration] = &[];
+/// (one `WriteBatch` per step is). Every format a step leaves behind keeps
+/// its writer too, for [`WriteFormat`].
+///
+/// 2: the progress store keeps a task's clocks and watermark in one entry
+/// (`progress_layout`).
+const MIGRATIONS: &[Migration] = &[super::progress_layout::fold_clocks];
+
+/// The state format a build writes: [`STATE_FORMAT`], or an older one
+/// during a two-step upgrade (docs/deploy.md, "Upgrades and rollback").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteFormat(u8);
+
+impl WriteFormat {
+    /// The newest format.
+    pub const NEWEST: WriteFormat = WriteFormat(STATE_FORMAT);
+
+    /// The format to write while pods that write `format` still run beside
+    /// this build: `format` itself, if this build knows it and it is older
+    /// than its own.
+    pub fn upgrading_from(format: u8) -> anyhow::Result<WriteFormat> {
+        anyhow::ensure!(
+            format != STATE_FORMAT,
+            "--upgrade-from-format {format} is the format this build writes: drop the flag"
+        );
+        anyhow::ensure!(
+            (FIRST_FORMAT..STATE_FORMAT).contains(&format),
+            "--upgrade-from-format {format}: this build writes formats \
+             {FIRST_FORMAT}..={STATE_FORMAT}, so it upgrades from {FIRST_FORMAT}..={}",
+            STATE_FORMAT - 1
+        );
+        Ok(WriteFormat(format))
+    }
+
+    pub fn number(self) -> u8 {
+        self.0
+    }
+}
 
 /// The marker file of a task directory: the format as a decimal number.
 pub const MARKER: &str = "STATE_FORMAT";
@@ -143,17 +183,27 @@ pub(crate) fn check_stage_dir(stage_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Brings the store just opened from `dir`, found as `stored`, to
-/// [`STATE_FORMAT`]: runs the migrations it needs, then marks it.
-pub(crate) fn settle(db: &DB, dir: &Path, stored: StoredFormat) -> anyhow::Result<()> {
+/// Brings the store just opened from `dir`, found as `stored`, to the
+/// format `writing`: runs the migrations it needs, then marks it. A store
+/// already past `writing` stays as it is (its marker too): this build
+/// reads it, and an older release must not. Returns the format marked.
+pub(crate) fn settle(
+    db: &DB,
+    dir: &Path,
+    stored: StoredFormat,
+    writing: WriteFormat,
+) -> anyhow::Result<u8> {
+    let target = writing.number();
     let from = match stored {
-        StoredFormat::Marked(format) if format == STATE_FORMAT => return Ok(()),
-        StoredFormat::New => STATE_FORMAT,
+        StoredFormat::Marked(format) if format >= target => return Ok(format),
+        StoredFormat::New => target,
         StoredFormat::Unmarked => FIRST_FORMAT,
         StoredFormat::Marked(format) => format,
     };
-    migrate(db, dir, from, MIGRATIONS)?;
-    write_marker(dir)
+    let steps = usize::from(target - FIRST_FORMAT);
+    migrate(db, dir, from, &MIGRATIONS[..steps])?;
+    write_marker(dir, target)?;
+    Ok(target)
 }
 
 /// Runs the steps of `migrations` that take a store of format `from` to
@@ -173,13 +223,13 @@ fn migrate(db: &DB, dir: &Path, from: u8, migrations: &[Migration]) -> anyhow::R
     Ok(())
 }
 
-/// Writes [`MARKER`] saying [`STATE_FORMAT`]: a new file renamed over the
-/// old, so that a crash leaves one or the other, whole.
-fn write_marker(dir: &Path) -> anyhow::Result<()> {
+/// Writes [`MARKER`] saying `format`: a new file renamed over the old, so
+/// that a crash leaves one or the other, whole.
+pub(crate) fn write_marker(dir: &Path, format: u8) -> anyhow::Result<()> {
     let path = dir.join(MARKER);
     let partial = dir.join(format!("{MARKER}.partial"));
     let written = std::fs::File::create(&partial).and_then(|mut file| {
-        writeln!(file, "{STATE_FORMAT}")?;
+        writeln!(file, "{format}")?;
         file.sync_all()
     });
     written
@@ -187,18 +237,18 @@ fn write_marker(dir: &Path) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
 }
 
-/// The headers of a changelog record: [`HEADER`] with [`STATE_FORMAT`].
-pub(crate) fn changelog_headers() -> OwnedHeaders {
+/// The headers of a changelog record written in `format`: [`HEADER`].
+pub(crate) fn changelog_headers(format: WriteFormat) -> OwnedHeaders {
     OwnedHeaders::new_with_capacity(1).insert(Header {
         key: HEADER,
-        value: Some(&[STATE_FORMAT][..]),
+        value: Some(&[format.number()][..]),
     })
 }
 
 /// The format of a changelog record of `topic`-`partition` at `offset`
 /// with `headers`, or [`UnknownFormat`] if this build cannot read it.
-/// A record of an older format that reads differently would be converted
-/// where this is called (none does yet: every known format is 1).
+/// A record of an older format is applied as it is: a store reads every
+/// older layout it holds.
 pub(crate) fn changelog_record_format(
     headers: Option<&impl Headers>,
     topic: &str,
@@ -305,7 +355,15 @@ mod tests {
         };
         assert_eq!(format(None).unwrap(), 1);
         assert_eq!(format(Some(OwnedHeaders::new())).unwrap(), 1);
-        assert_eq!(format(Some(changelog_headers())).unwrap(), STATE_FORMAT);
+        assert_eq!(
+            format(Some(changelog_headers(WriteFormat::NEWEST))).unwrap(),
+            STATE_FORMAT
+        );
+        let previous = WriteFormat::upgrading_from(STATE_FORMAT - 1).unwrap();
+        assert_eq!(
+            format(Some(changelog_headers(previous))).unwrap(),
+            STATE_FORMAT - 1
+        );
         let with = |value: &[u8]| {
             Some(OwnedHeaders::new().insert(Header {
                 key: HEADER,
@@ -366,6 +424,56 @@ mod tests {
         let refused = TaskStore::open(&dir, &names, &resources).err().unwrap();
         assert!(refused.is::<UnknownFormat>(), "{refused:#}");
         assert_eq!(listing(&dir), before, "nothing touched");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_upgrade_writes_only_formats_this_build_knows_older_than_its_own() {
+        assert_eq!(WriteFormat::upgrading_from(1).unwrap().number(), 1);
+        let own = WriteFormat::upgrading_from(STATE_FORMAT).unwrap_err();
+        assert_eq!(
+            own.to_string(),
+            format!(
+                "--upgrade-from-format {STATE_FORMAT} is the format this build writes: drop the flag"
+            )
+        );
+        for unknown in [0, STATE_FORMAT + 1] {
+            assert!(
+                WriteFormat::upgrading_from(unknown).is_err(),
+                "{unknown} refused"
+            );
+        }
+    }
+
+    #[test]
+    fn a_store_written_in_an_older_format_stays_in_it_until_this_builds_format_is_written() {
+        let names = ["a".to_string()];
+        let previous = WriteFormat::upgrading_from(STATE_FORMAT - 1).unwrap();
+        let upgrading = StateResources::new(8 << 20, 1).writing(previous);
+        let dir = temp_dir("two-step");
+        let marker = || std::fs::read_to_string(dir.join(MARKER)).unwrap();
+        let store = TaskStore::open(&dir, &names, &upgrading).unwrap();
+        assert_eq!(store.write_format(), previous);
+        drop(store);
+        assert_eq!(marker(), format!("{}\n", STATE_FORMAT - 1), "created in it");
+        // The second step: migrated and marked.
+        let newest = StateResources::new(8 << 20, 1);
+        drop(TaskStore::open(&dir, &names, &newest).unwrap());
+        assert_eq!(marker(), format!("{STATE_FORMAT}\n"));
+        // Back to the first step (a rollback of the second): the store
+        // holds the newest format, and says so, whatever it writes next.
+        let mut store = TaskStore::open(&dir, &names, &upgrading).unwrap();
+        assert_eq!(marker(), format!("{STATE_FORMAT}\n"));
+        drop(store);
+        // A store in the older format that a restore or a standby writes a
+        // newer record into is marked with it before the record is applied.
+        std::fs::remove_dir_all(&dir).unwrap();
+        store = TaskStore::open(&dir, &names, &upgrading).unwrap();
+        store.applying_format(STATE_FORMAT - 1).unwrap();
+        assert_eq!(marker(), format!("{}\n", STATE_FORMAT - 1));
+        store.applying_format(STATE_FORMAT).unwrap();
+        assert_eq!(marker(), format!("{STATE_FORMAT}\n"));
+        drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

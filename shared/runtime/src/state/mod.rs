@@ -6,6 +6,7 @@ pub mod codec;
 pub mod format;
 mod layer;
 pub mod open_stores;
+pub(crate) mod progress_layout;
 mod read_cache;
 mod resources;
 mod restore_batch;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Options, WriteBufferManager};
 
+use super::format::WriteFormat;
 use super::open_stores::OpenStores;
 use crate::pool::WorkerPool;
 
@@ -22,6 +23,8 @@ pub struct StateResources {
     pub(super) writers: Arc<WorkerPool>,
     /// Every task store open in the process, for queries.
     pub(super) open_stores: Arc<OpenStores>,
+    /// The state format task stores are opened in and write.
+    pub(super) write_format: WriteFormat,
 }
 
 /// The read caches' and the timers' shares of the budget, each split evenly
@@ -74,6 +77,15 @@ impl StateResources {
             }),
             writers: Arc::new(WorkerPool::new("state-writer", writers)),
             open_stores: Arc::default(),
+            write_format: WriteFormat::NEWEST,
+        }
+    }
+
+    /// These resources, with task stores that write `format`.
+    pub fn writing(self, format: WriteFormat) -> Self {
+        StateResources {
+            write_format: format,
+            ..self
         }
     }
 

@@ -137,6 +137,10 @@ pub(crate) struct Task<P: Processor> {
     kinds: Vec<InputKind>,
     watermark: i64,
     clocks_dirty: bool,
+    /// Progress entries in the clock layout this build does not write
+    /// (`state::progress_layout`), found at load: deleted with the next
+    /// staged clocks.
+    stale_clock_keys: Vec<Vec<u8>>,
     /// Where timers are persisted; none if the processor derives them
     /// from state ([`Processor::DERIVE_TIMERS`]).
     timer_store: Option<StoreIndex>,
@@ -180,6 +184,7 @@ impl<P: Processor> Task<P> {
             kinds: kinds.to_vec(),
             watermark: NO_WATERMARK,
             clocks_dirty: false,
+            stale_clock_keys: Vec::new(),
             timer_store,
             progress_store,
             counters: BTreeMap::new(),

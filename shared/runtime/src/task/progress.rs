@@ -7,33 +7,15 @@ use std::marker::PhantomData;
 use super::{InputKind, Task};
 use crate::clock::Now;
 use crate::processor::{DerivedTimers, Processor, StateView, TimerName};
+use crate::state::progress_layout::{
+    direct_key, is_format_1_clock_key, position_key, upstream_key, StoredClocks, CLOCKS_KEY,
+    TASK_WATERMARK_KEY,
+};
 use crate::state::store::TaskStore;
 use crate::state::StoreIndex;
 use crate::time::{InputClock, PartitionClock, NO_WATERMARK};
 use crate::timers::{TaskTimers, TimerEntry, TimerSpill};
 use crate::topology::PROGRESS_STORE;
-
-const TASK_WATERMARK_KEY: &[u8] = b"T";
-
-fn direct_key(slot: usize) -> Vec<u8> {
-    let mut key = vec![b'D'];
-    key.extend_from_slice(&(slot as u16).to_be_bytes());
-    key
-}
-
-fn upstream_key(slot: usize, source: usize) -> Vec<u8> {
-    let mut key = vec![b'U'];
-    key.extend_from_slice(&(slot as u16).to_be_bytes());
-    key.extend_from_slice(&(source as u32).to_be_bytes());
-    key
-}
-
-/// The key of an input partition's next offset in the progress store.
-fn position_key(topic: &str) -> Vec<u8> {
-    let mut key = vec![b'P'];
-    key.extend_from_slice(topic.as_bytes());
-    key
-}
 
 /// The next input offset of each of `topics` (this task's partition) as
 /// recorded with the state in `store`.
@@ -96,25 +78,40 @@ impl<P: Processor> Task<P> {
         }
         timers.check()?;
         self.timers = timers;
-        let now = now.instant;
+        self.load_clocks(now.instant)
+    }
+
+    /// (Re)loads the clocks and the task watermark, from whichever layout
+    /// of the progress store holds them (`state::progress_layout`).
+    fn load_clocks(&mut self, now: std::time::Instant) -> anyhow::Result<()> {
+        let one_entry = self
+            .store
+            .read(self.progress_store, CLOCKS_KEY, StoredClocks::decode)?
+            .transpose()?;
+        let has_one_entry = one_entry.is_some();
+        let (format_1_clocks, format_1_keys) = self.read_format_1_clocks()?;
+        let stored = one_entry.unwrap_or(format_1_clocks);
+        self.stale_clock_keys = match self.store.write_format().number() {
+            1 if has_one_entry => vec![CLOCKS_KEY.to_vec()],
+            1 => Vec::new(),
+            _ => format_1_keys,
+        };
         self.clocks.clear();
         for (slot, kind) in self.kinds.iter().enumerate() {
             let clock = match kind {
                 InputKind::Direct => {
                     let mut clock = InputClock::direct(now);
-                    if let Some(max) =
-                        read_i64(&mut self.store, self.progress_store, &direct_key(slot))?
-                    {
+                    let max = stored.direct.iter().find(|(s, _)| usize::from(*s) == slot);
+                    if let Some(&(_, max)) = max {
                         clock.observe(max, now);
                     }
                     clock
                 }
                 InputKind::Shuffled { writers } => {
                     let mut clock = InputClock::shuffled(*writers, now);
-                    for source in 0..*writers {
-                        let key = upstream_key(slot, source);
-                        if let Some(wm) = read_i64(&mut self.store, self.progress_store, &key)? {
-                            clock.announce(source, wm, now);
+                    for &(s, source, wm) in &stored.upstream {
+                        if usize::from(s) == slot && (source as usize) < *writers {
+                            clock.announce(source as usize, wm, now);
                         }
                     }
                     clock
@@ -122,10 +119,27 @@ impl<P: Processor> Task<P> {
             };
             self.clocks.push(clock);
         }
-        self.watermark = read_i64(&mut self.store, self.progress_store, TASK_WATERMARK_KEY)?
-            .unwrap_or(NO_WATERMARK);
-        self.clocks_dirty = false;
+        self.watermark = stored.watermark.unwrap_or(NO_WATERMARK);
+        // The next commit writes the clocks in this build's layout, which
+        // deletes the other's.
+        self.clocks_dirty = !self.stale_clock_keys.is_empty();
         Ok(())
+    }
+
+    /// The committed format-1 clock entries of the progress store, read
+    /// and by key.
+    fn read_format_1_clocks(&self) -> anyhow::Result<(StoredClocks, Vec<Vec<u8>>)> {
+        let mut clocks = StoredClocks::default();
+        let mut keys = Vec::new();
+        self.store
+            .for_each_committed(self.progress_store, |key, value| {
+                if is_format_1_clock_key(key) {
+                    clocks.add_format_1_entry(key, value)?;
+                    keys.push(key.to_vec());
+                }
+                Ok(())
+            })?;
+        Ok((clocks, keys))
     }
 
     /// Records the next offset of an input partition with the state, so that
@@ -138,45 +152,63 @@ impl<P: Processor> Task<P> {
         );
     }
 
-    /// Writes the clocks into state, so that they commit with everything else.
-    pub fn stage_clocks(&mut self) {
+    /// Writes the clocks into state, so that they commit with everything
+    /// else, in the layout of the format this build writes.
+    pub fn stage_clocks(&mut self) -> anyhow::Result<()> {
         if !self.clocks_dirty {
-            return;
+            return Ok(());
         }
+        for key in std::mem::take(&mut self.stale_clock_keys) {
+            self.store.delete(self.progress_store, key);
+        }
+        let clocks = self.stored_clocks();
+        match self.store.write_format().number() {
+            1 => {
+                let entries = clocks
+                    .direct
+                    .iter()
+                    .map(|&(slot, max)| (direct_key(slot.into()), max))
+                    .chain(clocks.upstream.iter().map(|&(slot, source, wm)| {
+                        (upstream_key(slot.into(), source as usize), wm)
+                    }))
+                    .chain(clocks.watermark.map(|wm| (TASK_WATERMARK_KEY.to_vec(), wm)));
+                for (key, value) in entries {
+                    self.store
+                        .put(self.progress_store, key, value.to_be_bytes().to_vec());
+                }
+            }
+            _ => self
+                .store
+                .put(self.progress_store, CLOCKS_KEY.to_vec(), clocks.encode()?),
+        }
+        self.clocks_dirty = false;
+        Ok(())
+    }
+
+    /// The clocks and the task watermark as the progress store keeps them.
+    fn stored_clocks(&self) -> StoredClocks {
+        let mut stored = StoredClocks {
+            watermark: (self.watermark != NO_WATERMARK).then_some(self.watermark),
+            ..StoredClocks::default()
+        };
         for (slot, clock) in self.clocks.iter().enumerate() {
+            let slot = slot as u16;
             match &clock.clock {
                 PartitionClock::Direct {
                     max_event_time: Some(max),
-                } => {
-                    self.store.put(
-                        self.progress_store,
-                        direct_key(slot),
-                        max.to_be_bytes().to_vec(),
-                    );
-                }
+                } => stored.direct.push((slot, *max)),
                 PartitionClock::Direct {
                     max_event_time: None,
                 } => {}
                 PartitionClock::Shuffled { upstream } => {
                     for (source, wm) in upstream.iter().enumerate() {
                         if let Some(wm) = wm {
-                            self.store.put(
-                                self.progress_store,
-                                upstream_key(slot, source),
-                                wm.to_be_bytes().to_vec(),
-                            );
+                            stored.upstream.push((slot, source as u32, *wm));
                         }
                     }
                 }
             }
         }
-        if self.watermark != NO_WATERMARK {
-            self.store.put(
-                self.progress_store,
-                TASK_WATERMARK_KEY.to_vec(),
-                self.watermark.to_be_bytes().to_vec(),
-            );
-        }
-        self.clocks_dirty = false;
+        stored
     }
 }

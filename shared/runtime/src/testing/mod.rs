@@ -114,6 +114,7 @@ use crate::clock::ManualTime;
 use crate::metrics::{Metrics, Snapshot};
 use crate::processor::{MapState, ValueState};
 use crate::state::codec::{decode_value, map_prefix, MapKey};
+use crate::state::format::WriteFormat;
 
 mod builder;
 mod flow;
@@ -311,6 +312,16 @@ impl TestDriver {
     /// task is restored from its changelog topics.
     pub fn crash_losing_state(&mut self) -> anyhow::Result<()> {
         self.crash_and_restart(true)
+    }
+
+    /// Restarts like [`crash`](Self::crash) with task stores that write
+    /// state format `format`: a step of an upgrade, or of its rollback
+    /// (commit first to lose nothing).
+    pub fn restart_writing(&mut self, format: WriteFormat) -> anyhow::Result<()> {
+        for stage in &mut self.stages {
+            stage.write(format);
+        }
+        self.crash_and_restart(false)
     }
 
     fn crash_and_restart(&mut self, lose_state: bool) -> anyhow::Result<()> {

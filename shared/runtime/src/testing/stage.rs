@@ -13,6 +13,7 @@ use crate::engine::{Engine, Incoming, RecordCounts, Subscription};
 use crate::metrics::Snapshot;
 use crate::planning::{wire_stage, StageLayout, StageRole, StageSettings, StageWiring};
 use crate::processor::Processor;
+use crate::state::format::WriteFormat;
 use crate::state::store::{StateResources, TaskStore};
 use crate::topology::{Source, Topology};
 
@@ -35,6 +36,8 @@ pub(crate) trait DriverStage {
         lose_state: bool,
         topics: &BTreeMap<String, MemoryTopic>,
     ) -> anyhow::Result<()>;
+    /// Makes the task stores opened from now on write `format`.
+    fn write(&mut self, format: WriteFormat);
     /// Hands every collected record to `sink`.
     fn drain(&mut self, sink: &mut dyn FnMut(&str, Option<i32>, StoredRecord));
     fn snapshot(&self) -> Snapshot;
@@ -165,6 +168,10 @@ impl<P: Processor> DriverStage for EngineStage<P> {
             drop(store);
         }
         self.open_tasks()
+    }
+
+    fn write(&mut self, format: WriteFormat) {
+        self.resources = self.resources.clone().writing(format);
     }
 
     fn drain(&mut self, sink: &mut dyn FnMut(&str, Option<i32>, StoredRecord)) {
@@ -332,7 +339,8 @@ pub(crate) fn driver_stage<P: Processor>(
         resources: StateResources::new(
             usize::try_from(env.args.state_memory_limit << 20).unwrap_or(usize::MAX),
             0,
-        ),
+        )
+        .writing(env.args.write_format()?),
     };
     stage.open_tasks()?;
     Ok(Box::new(stage))

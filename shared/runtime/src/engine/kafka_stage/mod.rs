@@ -129,7 +129,7 @@ fn kafka_headers(record: &RecordView<'_>) -> Option<OwnedHeaders> {
     match record.headers {
         Headers::None => None,
         Headers::Watermark(announcement) => Some(announcement.to_headers()),
-        Headers::Changelog => Some(crate::state::format::changelog_headers()),
+        Headers::Changelog(format) => Some(crate::state::format::changelog_headers(*format)),
         Headers::DeadLetter(_) => {
             let fields = record.dead_letter_headers()?;
             Some(fields.iter().fold(

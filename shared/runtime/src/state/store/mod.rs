@@ -38,7 +38,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::codec::{decode_value, encode_value};
-use super::format;
+use super::format::{self, WriteFormat};
 use super::layer::Layer;
 use super::open_stores::{Registration, StoreRole};
 use super::read_cache::ReadCache;
@@ -142,6 +142,11 @@ pub struct TaskStore {
     writers: Arc<WorkerPool>,
     /// Its place among the stores queries read.
     registration: Registration,
+    /// The state format its changes are written in.
+    write_format: WriteFormat,
+    /// The format its directory's marker says: raised when a restore or a
+    /// standby applies a changelog record of a newer one.
+    marked_format: u8,
 }
 
 /// Whether opening a database failed because another handle holds its
@@ -183,14 +188,16 @@ impl TaskStore {
         let mut db = DB::open_cf_descriptors(&options, path, families)
             .map_err(|e| anyhow::anyhow!("cannot open state store {}: {e}", path.display()))?;
         // Migrated with every column family open, the unwanted ones too.
-        format::settle(&db, path, stored_format)?;
+        let marked_format = format::settle(&db, path, stored_format, resources.write_format)?;
         for name in unwanted {
             let checkpoint_family = db.cf_handle(CHECKPOINTS).expect("checkpoint family");
             db.delete_cf(checkpoint_family, name.as_bytes())?;
             db.drop_cf(name)?;
             tracing::info!(path = %path.display(), store = %name, "dropped a store no longer used");
         }
-        Ok(Self::with_db(Arc::new(db), path, names, resources))
+        let mut store = Self::with_db(Arc::new(db), path, names, resources);
+        store.marked_format = marked_format;
+        Ok(store)
     }
 
     /// Opens like [`TaskStore::open`], or `None` while another handle (a
@@ -228,7 +235,26 @@ impl TaskStore {
             shares: resources.shares.clone(),
             writers: resources.writers.clone(),
             names,
+            write_format: resources.write_format,
+            marked_format: resources.write_format.number(),
         }
+    }
+
+    /// The state format this store's changes are written in.
+    pub fn write_format(&self) -> WriteFormat {
+        self.write_format
+    }
+
+    /// Notes that a changelog record of `format` is about to be applied:
+    /// a newer format than the directory's marker says raises the marker
+    /// first, so that a release that cannot read the record refuses the
+    /// directory rather than misread it.
+    pub fn applying_format(&mut self, format: u8) -> anyhow::Result<()> {
+        if format > self.marked_format {
+            format::write_marker(&self.path, format)?;
+            self.marked_format = format;
+        }
+        Ok(())
     }
 
     /// Makes the store answer queries as `role` from now on.
