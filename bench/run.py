@@ -44,6 +44,9 @@ Environment:
                             half the slower system's median (to compare builds at one rate)
   BIN_DIR            release binaries (default $CARGO_TARGET_DIR/release)
   KS_JAVA_OPTS       JVM flags of the peer (default "-Xms256m -Xmx1g")
+  BENCH_PARTITIONS   partitions of every input and output topic (default 1)
+  BENCH_THREADS      processing threads of ours (--stream-threads) and of Kafka
+                     Streams (num.stream.threads) (default 1); the raw copy has one
   BENCH_PIN          a CPU list (e.g. "1"): every system under test runs under
                      `taskset -c` on it (pin the broker to the other cores
                      yourself, e.g. `taskset -a -p -c 0 <broker pid>`)
@@ -89,6 +92,8 @@ WARMUP_SECONDS = 3.0
 # wait for the end of the input.
 TAIL_SECONDS = 2.0
 JAVA_OPTS = os.environ.get("KS_JAVA_OPTS", "-Xms256m -Xmx1g").split()
+PARTITIONS = int(os.environ.get("BENCH_PARTITIONS", "1"))
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 PIN = os.environ.get("BENCH_PIN", "")
 TAG = os.environ.get("BENCH_TAG", "")
 RUN = f"bench-{int(time.time())}"
@@ -240,7 +245,8 @@ class System:
             self.cmd = [str(BIN / spec["binary"]), *[f.format(**fill) for f in spec["flags"]],
                         "--application-id", app, "--processing-guarantee", guarantee,
                         "--state-dir", str(self.state_dir), "--http-addr", self.metrics_addr,
-                        "--log-format", "json", *service_flags(name, use_case, shape, live)]
+                        "--log-format", "json", "--stream-threads", str(THREADS),
+                        *service_flags(name, use_case, shape, live)]
             if use_case == "window-aggregator":
                 self.groups.append(f"{app}-final")
         elif name == "kafka-streams":
@@ -248,7 +254,7 @@ class System:
                         "--inputs", ",".join(inputs), "--output", self.outputs[0],
                         "--processing-guarantee", guarantee, "--state-dir", str(self.state_dir),
                         "--schemas-dir", str(ROOT / "shared/schemas/avro"),
-                        *service_flags(name, use_case, shape, live)]
+                        "--stream-threads", str(THREADS), *service_flags(name, use_case, shape, live)]
         else:
             self.cmd = [str(BIN / "rawcopy"), "--use-case", use_case, "--inputs", ",".join(inputs),
                         "--outputs", ",".join(self.outputs), "--application-id", app,
@@ -259,7 +265,8 @@ class System:
         self.process = None
 
     def start(self):
-        loadgen("topics", "--create", ",".join(self.outputs + ([self.through] if self.through else [])))
+        loadgen("topics", "--create", ",".join(self.outputs + ([self.through] if self.through else [])),
+                "--partitions", PARTITIONS)
         self.log = open(WORK / f"{self.app}.log", "w")
         cmd = ["taskset", "-c", PIN, *self.cmd] if PIN else self.cmd
         self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -308,7 +315,7 @@ def check(use_case, shape):
     prefix = f"{RUN}-check-{use_case}-{shape}"
     inputs = [f"{prefix}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
     loadgen("fill", "--use-case", use_case, "--shape", shape, "--topics", ",".join(inputs),
-            "--records", n, "--seed", 7)
+            "--records", n, "--seed", 7, "--partitions", PARTITIONS)
     systems = [System(name, use_case, shape, inputs, f"{prefix}-{name}", "exactly_once_v2")
                for name in SYSTEMS]
     for system in systems:
@@ -368,6 +375,7 @@ def main():
                 ["git", "status", "--porcelain", "--", "shared", "services", "Cargo.lock"],
                 capture_output=True, text=True, cwd=ROOT).stdout.split("\n")[:-1],
             "cpus": os.cpu_count(), "scale": SCALE, "runs": RUNS, "shapes": SHAPES,
+            "partitions": PARTITIONS, "threads": THREADS,
             "java": subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0],
             "java_opts": JAVA_OPTS, "load_average_before": load_before, "pinned_to_cpus": PIN,
         },
@@ -390,7 +398,7 @@ def main():
             prefix = f"{RUN}-{use_case}-{shape}-{int(time.time())}"
             topics = [f"{prefix}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
             return loadgen("fill", "--use-case", use_case, "--shape", shape, "--topics", ",".join(topics),
-                           "--records", n) | {"topics": topics, "ok": True}
+                           "--records", n, "--partitions", PARTITIONS) | {"topics": topics, "ok": True}
         fill = results["fill"].setdefault(use_case, {})[shape] = attempts(
             f"fill {use_case} ({shape})", fill_once)
         inputs[use_case, shape] = fill["topics"]
@@ -505,7 +513,7 @@ def profile_run(use_case, shape, inputs, date):
 def latency_run(use_case, shape, name, guarantee, rate):
     app = f"{RUN}-lat-{use_case}-{shape}-{name}-{guarantee.replace('_', '')}-{int(time.time())}"
     inputs = [f"{app}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
-    loadgen("topics", "--create", ",".join(inputs))
+    loadgen("topics", "--create", ",".join(inputs), "--partitions", PARTITIONS)
     system = System(name, use_case, shape, inputs, app, guarantee, live=True).start()
     outcome = {"use_case": use_case, "shape": shape, "system": name, "guarantee": guarantee, "rate": rate}
     try:
@@ -557,6 +565,7 @@ def tables(results):
     lines = []
     meta = results["meta"]
     lines.append(f"Run `{meta['run']}` at commit {meta['commit']}, {meta['cpus']} cores, scale {meta['scale']}, "
+                 f"{meta.get('partitions', 1)} partitions, {meta.get('threads', 1)} processing threads, "
                  f"{meta['runs']} runs per system; load average {meta['load_average_before'][0]:.1f} before, "
                  f"{meta['load_average_after'][0]:.1f} after; {meta['minutes']:.1f} minutes"
                  + (f"; systems pinned to CPUs {meta['pinned_to_cpus']}." if meta.get("pinned_to_cpus") else "."))

@@ -90,21 +90,28 @@ def run(binary, args, env):
     return done.stdout
 
 
+HELP_OPTION = re.compile(r"^\s*(?:-\w, )?--([a-z0-9-]+)")
+HELP_ENV = re.compile(r"\[env: ([A-Z0-9_]+)")
+HELP_DEFAULT = re.compile(r"\[default: ([^\]]*)\]")
+
+
 def help_flags(text):
-    """(env, default or None) of each option block of clap's long --help."""
-    flags, env, default = [], None, None
+    """{flag: (env or None, default or None)} of each option of clap's long
+    --help, but --help and --version; an env whose value clap hides (a
+    secret's) is named too. deploy/local/check-flag-tables.py uses it."""
+    flags, current = {}, None
     for line in text.splitlines():
-        if re.match(r"^\s*(?:-\w, )?--[\w-]+", line):
-            if env:
-                flags.append((env, default))
-            env, default = None, None
-        elif m := re.search(r"\[env: ([A-Z0-9_]+)=[^\]]*\]", line):
-            env = m.group(1)
-        elif m := re.search(r"\[default: ([^\]]*)\]", line):
-            default = m.group(1)
-    if env:
-        flags.append((env, default))
-    return flags
+        if option := HELP_OPTION.match(line):
+            current = option.group(1)
+            flags[current] = [None, None]
+        elif current:
+            if env := HELP_ENV.search(line):
+                flags[current][0] = env.group(1)
+            if default := HELP_DEFAULT.search(line):
+                flags[current][1] = default.group(1)
+    flags.pop("help", None)
+    flags.pop("version", None)
+    return {flag: tuple(value) for flag, value in flags.items()}
 
 
 def external_topics(description):
@@ -116,7 +123,7 @@ def external_topics(description):
 
 def describe(binary):
     """The service's name and [(topic variable, topic)] from its binary."""
-    flags = help_flags(run(binary, ["--help"], dict(os.environ)))
+    flags = [(env, default) for env, default in help_flags(run(binary, ["--help"], dict(os.environ))).values() if env]
     # Without the caller's settings, so that describe reports the defaults
     # that --help lists.
     env = {k: v for k, v in os.environ.items() if k not in {e for e, _ in flags}}

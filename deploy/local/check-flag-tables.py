@@ -19,29 +19,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-OPTION = re.compile(r"^\s+(?:-\w, )?--([a-z0-9-]+)")
-ENV = re.compile(r"\[env: ([A-Z0-9_]+)")
-DEFAULT = re.compile(r"\[default: ([^\]]*)\]")
+sys.path.insert(0, str(REPO / "deploy/k8s"))
+from generate import help_flags  # noqa: E402  (one parser of --help for both)
+
 ROW = re.compile(r"^\| `--([a-z0-9-]+)` \| `([A-Z0-9_]+)` \| ([^|]*) \|")
-
-
-def help_flags(binary):
-    """{flag: (env, default or None)} from `binary --help`."""
-    text = subprocess.run([binary, "--help"], capture_output=True, text=True, check=True).stdout
-    flags, current = {}, None
-    for line in text.splitlines():
-        option = OPTION.match(line)
-        if option:
-            current = option.group(1)
-            flags[current] = [None, None]
-        elif current:
-            if env := ENV.search(line):
-                flags[current][0] = env.group(1)
-            if default := DEFAULT.search(line):
-                flags[current][1] = default.group(1)
-    flags.pop("help", None)
-    flags.pop("version", None)
-    return {flag: tuple(value) for flag, value in flags.items()}
 
 
 def table_flags(document):
@@ -62,7 +43,12 @@ def main():
         [sys.executable, str(REPO / "deploy/k8s/generate.py"), "--list"],
         capture_output=True, text=True, check=True,
     ).stdout.split()
-    helps = {service: help_flags(bin_dir / service) for service in services}
+    helps = {
+        service: help_flags(
+            subprocess.run([bin_dir / service, "--help"], capture_output=True, text=True, check=True).stdout
+        )
+        for service in services
+    }
     # Common: in every service, with the same variable and default in each
     # (`--output-topic` is in every one, with a default of its own).
     common = {

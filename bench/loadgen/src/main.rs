@@ -128,6 +128,9 @@ enum Command {
         /// Delete every topic whose name starts with one of these.
         #[arg(long, value_delimiter = ',')]
         delete_prefix: Vec<String>,
+        /// Partitions of the topics created.
+        #[arg(long, default_value_t = 1)]
+        partitions: usize,
     },
 }
 
@@ -219,8 +222,9 @@ fn main() -> std::process::ExitCode {
         Command::Topics {
             create,
             delete_prefix,
+            partitions,
         } => runtime().and_then(|rt| {
-            create_topics(&cli.cluster, &rt, &create, 1)?;
+            create_topics(&cli.cluster, &rt, &create, partitions)?;
             if !delete_prefix.is_empty() {
                 let deleted = delete_topics(&cli.cluster, &rt, &delete_prefix)?;
                 println!("{}", json!({ "deleted": deleted }));

@@ -12,7 +12,8 @@ use crate::clock::Clock;
 use crate::collector::Collector;
 use crate::config::RuntimeArgs;
 use crate::engine::{
-    Engine, EngineParts, EngineSettings, InputRuntime, Rekeying, Route, SideTopics, Subscription,
+    Engine, EngineParts, EngineSettings, InputRuntime, IntakeParts, Rekeying, Route, SideTopics,
+    Subscription,
 };
 use crate::output::OutputEncoder;
 use crate::processor::Processor;
@@ -266,8 +267,8 @@ pub(crate) fn wire_stage<P: Processor>(wiring: StageWiring<'_, P>) -> anyhow::Re
         collector.topic(&topics.output),
         AvroEncoder::new(output_schema, output_schema_id)?,
     );
+    let dead_letters = collector.topic(&topics.dead_letters);
     let side = SideTopics {
-        dead_letters: collector.topic(&topics.dead_letters),
         late: topics.late.as_deref().map(|late| collector.topic(late)),
         changelogs: topics
             .changelogs
@@ -330,15 +331,22 @@ pub(crate) fn wire_stage<P: Processor>(wiring: StageWiring<'_, P>) -> anyhow::Re
         link_partitions: topics.link_partitions,
         job_workers: stage.job_workers,
     };
+    let intake = IntakeParts {
+        inputs,
+        subscriptions,
+        registry,
+        dead_letters,
+        keeps_raw: side.late.is_some(),
+        max_out_of_orderness: settings.event_time.max_out_of_orderness,
+        shutdown: shutdown.clone(),
+    };
     Ok(Engine::new(EngineParts {
         settings,
         processor,
-        inputs,
-        subscriptions,
+        intake,
         collector,
         output,
         side,
-        registry,
         clock,
         shutdown,
     }))

@@ -32,7 +32,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::avro::Registry;
 use crate::clock::Clock;
 use crate::collector::{Collector, TopicId};
 use crate::output::OutputEncoder;
@@ -43,8 +42,8 @@ use crate::task::{EventTimeSettings, Pending, Task};
 pub(crate) use counters::RecordCounts;
 pub(crate) use counters::{EngineCounters, Timestamps, TopicCounts};
 pub(crate) use drain::Flush;
-pub(crate) use intake::{Incoming, InputRuntime, Rekeying, Route, Subscription};
-use intake::{Intake, IntakeParts};
+use intake::Intake;
+pub(crate) use intake::{Incoming, InputRuntime, IntakeParts, Rekeying, Route, Subscription};
 use job_gate::JobGate;
 
 /// Settings of the engine, resolved at startup.
@@ -61,9 +60,9 @@ pub(crate) struct EngineSettings {
     pub job_workers: usize,
 }
 
-/// The topics a stage writes besides its output.
+/// The topics a stage writes besides its output and its dead letters
+/// (which are the intake's).
 pub(crate) struct SideTopics {
-    pub dead_letters: TopicId,
     pub late: Option<TopicId>,
     /// One changelog topic per store, by store index.
     pub changelogs: Vec<TopicId>,
@@ -104,27 +103,17 @@ pub(crate) struct Engine<P: Processor> {
 pub(crate) struct EngineParts<P: Processor> {
     pub settings: EngineSettings,
     pub processor: P,
-    pub inputs: Vec<InputRuntime<P::Input>>,
-    pub subscriptions: Vec<Subscription>,
+    pub intake: IntakeParts<P::Input>,
     pub collector: Collector,
     pub output: OutputEncoder,
     pub side: SideTopics,
-    pub registry: Registry,
     pub clock: Clock,
     pub shutdown: Arc<AtomicBool>,
 }
 
 impl<P: Processor> Engine<P> {
     pub fn new(parts: EngineParts<P>) -> Self {
-        let intake = Intake::new(IntakeParts {
-            inputs: parts.inputs,
-            subscriptions: parts.subscriptions,
-            registry: parts.registry,
-            dead_letters: parts.side.dead_letters,
-            keeps_raw: parts.side.late.is_some(),
-            max_out_of_orderness: parts.settings.event_time.max_out_of_orderness,
-            shutdown: parts.shutdown.clone(),
-        });
+        let intake = Intake::new(parts.intake);
         let counters = EngineCounters {
             topics: vec![TopicCounts::default(); intake.subscriptions().len()],
             ..EngineCounters::default()

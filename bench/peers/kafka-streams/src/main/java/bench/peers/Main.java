@@ -132,7 +132,8 @@ public final class Main {
         props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG,
                 options.getOrDefault("processing-guarantee", StreamsConfig.EXACTLY_ONCE_V2));
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
-        props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
+        props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG,
+                Integer.parseInt(options.getOrDefault("stream-threads", "1")));
         props.put(StreamsConfig.MAX_TASK_IDLE_MS_CONFIG, 1000L);
         props.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
         props.put(StreamsConfig.STATE_DIR_CONFIG,
