@@ -312,7 +312,9 @@ def compare(expected, actual):
 def check(use_case, shape):
     """Runs every system on a small input and compares outputs."""
     n = CHECK_RECORDS[use_case]
-    prefix = f"{RUN}-check-{use_case}-{shape}"
+    # Topics of their own per attempt: a retry must not read a failed
+    # attempt's output.
+    prefix = f"{RUN}-check-{use_case}-{shape}-{int(time.time())}"
     inputs = [f"{prefix}-in{i}" for i in range(USE_CASES[use_case]["inputs"])]
     loadgen("fill", "--use-case", use_case, "--shape", shape, "--topics", ",".join(inputs),
             "--records", n, "--seed", 7, "--partitions", PARTITIONS)

@@ -3,8 +3,8 @@ package bench.peers;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.nio.ByteBuffer;
-import java.util.HashMap;
 import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericDatumReader;
 import org.apache.avro.generic.GenericDatumWriter;
@@ -22,7 +22,8 @@ import org.apache.kafka.common.serialization.Serializer;
  * Avro values in the Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro
  * binary), as Confluent's KafkaAvroSerde does with GenericRecord: the serializer registers its
  * schema under {@code <topic>-value}; the deserializer reads any writer schema by id and
- * resolves it into this serde's schema.
+ * resolves it into this serde's schema. A serializer or deserializer may be shared by the stream
+ * threads ({@code num.stream.threads}): their caches are concurrent, their buffers per thread.
  */
 public final class AvroSerde implements Serde<GenericRecord> {
     private final Registry registry;
@@ -37,9 +38,10 @@ public final class AvroSerde implements Serde<GenericRecord> {
     public Serializer<GenericRecord> serializer() {
         return new Serializer<>() {
             private final GenericDatumWriter<GenericRecord> writer = new GenericDatumWriter<>(schema);
-            private final Map<String, Integer> ids = new HashMap<>();
-            private final ByteArrayOutputStream out = new ByteArrayOutputStream(256);
-            private BinaryEncoder encoder;
+            private final Map<String, Integer> ids = new ConcurrentHashMap<>();
+            private final ThreadLocal<ByteArrayOutputStream> buffers =
+                    ThreadLocal.withInitial(() -> new ByteArrayOutputStream(256));
+            private final ThreadLocal<BinaryEncoder> encoders = new ThreadLocal<>();
 
             @Override
             public byte[] serialize(String topic, GenericRecord record) {
@@ -47,13 +49,15 @@ public final class AvroSerde implements Serde<GenericRecord> {
                     return null;
                 }
                 int id = ids.computeIfAbsent(topic, t -> registry.register(t + "-value", schema));
+                ByteArrayOutputStream out = buffers.get();
                 out.reset();
                 out.write(0);
                 out.write(id >>> 24);
                 out.write(id >>> 16);
                 out.write(id >>> 8);
                 out.write(id);
-                encoder = EncoderFactory.get().directBinaryEncoder(out, encoder);
+                BinaryEncoder encoder = EncoderFactory.get().directBinaryEncoder(out, encoders.get());
+                encoders.set(encoder);
                 try {
                     writer.write(record, encoder);
                     encoder.flush();
@@ -68,8 +72,8 @@ public final class AvroSerde implements Serde<GenericRecord> {
     @Override
     public Deserializer<GenericRecord> deserializer() {
         return new Deserializer<>() {
-            private final Map<Integer, GenericDatumReader<GenericRecord>> readers = new HashMap<>();
-            private BinaryDecoder decoder;
+            private final Map<Integer, GenericDatumReader<GenericRecord>> readers = new ConcurrentHashMap<>();
+            private final ThreadLocal<BinaryDecoder> decoders = new ThreadLocal<>();
 
             @Override
             public GenericRecord deserialize(String topic, byte[] bytes) {
@@ -82,7 +86,9 @@ public final class AvroSerde implements Serde<GenericRecord> {
                 int id = ByteBuffer.wrap(bytes, 1, 4).getInt();
                 GenericDatumReader<GenericRecord> reader = readers.computeIfAbsent(
                         id, i -> new GenericDatumReader<>(registry.byId(i), schema));
-                decoder = DecoderFactory.get().binaryDecoder(bytes, 5, bytes.length - 5, decoder);
+                BinaryDecoder decoder =
+                        DecoderFactory.get().binaryDecoder(bytes, 5, bytes.length - 5, decoders.get());
+                decoders.set(decoder);
                 try {
                     return reader.read(null, decoder);
                 } catch (IOException e) {
