@@ -481,6 +481,18 @@ impl Service {
         assert_eq!(self.metric("streams_commits_aborted_total"), 0.0, "{log}");
     }
 
+    /// Waits until the service answers `/metrics`: its HTTP port is taken.
+    /// `free_port` only knows a port is free when it picks it, so a test
+    /// that starts several instances starts the next once this one listens
+    /// (else two can get the same port).
+    pub fn wait_listening(&self, timeout: Duration) {
+        assert!(
+            eventually(timeout, || http_get(self.http_port, "/metrics").is_some()),
+            "no /metrics after {timeout:?}:\n{}",
+            self.log()
+        );
+    }
+
     /// Waits until `/readyz` answers 200.
     pub fn wait_ready(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;

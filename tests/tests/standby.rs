@@ -33,17 +33,7 @@ fn start_instances(arguments: &[String], count: usize) -> Vec<Service> {
     (0..count)
         .map(|_| {
             let instance = Service::start_with_state("sessionizer", arguments, fresh_state_dir());
-            // `free_port` only knows the port is free now: the next instance
-            // picks its own once this one listens on it (else both can get it).
-            assert!(
-                eventually(Duration::from_secs(60), || http_get(
-                    instance.http_port,
-                    "/metrics"
-                )
-                .is_some()),
-                "no /metrics:\n{}",
-                instance.log()
-            );
+            instance.wait_listening(Duration::from_secs(60));
             instance
         })
         .collect()

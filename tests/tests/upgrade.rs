@@ -380,17 +380,7 @@ impl Pair {
     /// Starts `build` as instance `slot`, on its state directory.
     fn launch(&mut self, slot: usize, build: Build) {
         let service = build.start(&self.arguments, self.state_dirs[slot].clone());
-        // `free_port` only knows the port is free now: the other instance
-        // picks its own once this one listens on it.
-        assert!(
-            eventually(Duration::from_secs(60), || http_get(
-                service.http_port,
-                "/metrics"
-            )
-            .is_some()),
-            "no /metrics:\n{}",
-            service.log()
-        );
+        service.wait_listening(Duration::from_secs(60));
         self.instances[slot] = Some((build, service));
     }
 

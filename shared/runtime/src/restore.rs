@@ -285,9 +285,12 @@ impl Restorer {
             match self.consumer.poll(Duration::from_millis(10)) {
                 Some(Ok(message)) => {
                     progressed = true;
+                    // Once per record: the name is read from librdkafka
+                    // (and checked as UTF-8) at every call.
+                    let topic = message.topic();
                     let Some(changelog) = pending
                         .iter_mut()
-                        .find(|changelog| changelog.topic == message.topic())
+                        .find(|changelog| changelog.topic == topic)
                     else {
                         continue;
                     };

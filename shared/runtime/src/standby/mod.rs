@@ -226,11 +226,14 @@ impl StandbyUpdater {
             match self.consumer.poll(Duration::from_millis(50)) {
                 Some(Ok(message)) => {
                     let partition = message.partition();
+                    // Once per record: the name is read from librdkafka
+                    // (and checked as UTF-8) at every call.
+                    let changelog = message.topic();
                     let store_index = self
                         .settings
                         .changelogs
                         .iter()
-                        .position(|topic| topic == message.topic());
+                        .position(|topic| topic == changelog);
                     let (Some(standby), Some(store_index)) =
                         (self.standbys.get_mut(&partition), store_index)
                     else {
@@ -238,7 +241,7 @@ impl StandbyUpdater {
                     };
                     let format = match format::changelog_record_format(
                         message.headers(),
-                        message.topic(),
+                        changelog,
                         partition,
                         message.offset(),
                     ) {
