@@ -505,6 +505,18 @@ impl Service {
         panic!("service not ready after {timeout:?}; log:\n{}", self.log());
     }
 
+    /// Stops gracefully (SIGTERM) and asserts that it exited with success;
+    /// `what` names the service in the failure, which shows its log.
+    pub fn stop_cleanly(self, what: &str) {
+        let log = self.log_path();
+        let status = self.stop();
+        assert!(
+            status.success(),
+            "{what} did not stop cleanly: {status}\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+
     /// Stops gracefully (SIGTERM) and returns the exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")

@@ -121,13 +121,7 @@ impl Run {
         let service = build.start(&self.arguments, state_dir.to_path_buf());
         produce(&self.input, "user-events", &self.first_half);
         service.wait_consumed(&self.input, self.first_half.len(), Duration::from_secs(120));
-        let log = service.log_path();
-        let status = service.stop();
-        assert!(
-            status.success(),
-            "{build:?} did not stop cleanly: {status}\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
+        service.stop_cleanly(&format!("{build:?}"));
     }
 
     /// Runs `build` over the second half on `state_dir` and checks the
@@ -365,13 +359,7 @@ impl Pair {
     /// placed again.
     fn replace(&mut self, slot: usize, build: Build) {
         if let Some((was, service)) = self.instances[slot].take() {
-            let log = service.log_path();
-            let status = service.stop();
-            assert!(
-                status.success(),
-                "{was:?} did not stop cleanly: {status}\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
+            service.stop_cleanly(&format!("{was:?}"));
         }
         self.launch(slot, build);
         self.wait_placed(&format!("instance {slot} now {build:?}"));
