@@ -15,6 +15,9 @@
 # ("restored changelog", "task ready"), the records per store, the restore's
 # time and rate (a task's changelogs are read together) and the time from
 # the assignment until the task is ready (restore plus loading its timers).
+# Each run is followed by the ceiling: one consumer set up like the
+# restore's reading the same changelogs and doing nothing else
+# (`loadgen read-all`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,4 +83,18 @@ for f in fields:
         print(f"run {run}: task ready {f['elapsed_ms']} ms after its assignment")
 PY
   [ -n "${RESTORE_KEEP:-}" ] || rm -rf "$WORK/state-$run"
+  changelogs=$(python3 - "$log" <<'PY'
+import json, sys
+fields = [json.loads(line).get("fields", {}) for line in open(sys.argv[1]) if line.startswith("{")]
+print(",".join(f["topic"] for f in fields if f.get("message") == "restored changelog"))
+PY
+)
+  if [ -n "$changelogs" ]; then
+    "$BIN/loadgen" read-all --topics "$changelogs" | RUN_NUMBER="$run" python3 -c '
+import json, os, sys
+r = json.load(sys.stdin)
+run = os.environ["RUN_NUMBER"]
+print("run {}: read alone: {:,} records in {} ms: {:,} records/s".format(
+    run, r["records"], r["elapsed_ms"], r["records_per_s"]))'
+  fi
 done

@@ -8,6 +8,7 @@ pub mod generate;
 pub mod kafka;
 pub mod pauses;
 pub mod procfs;
+pub mod read_all;
 pub mod records;
 
 use clap::ValueEnum;

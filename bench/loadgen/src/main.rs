@@ -10,7 +10,9 @@
 //! * `wait-ready`: waits until consumer groups are stable (joined);
 //! * `latency`: reads an output topic as it is written and reports the
 //!   end-to-end latency of its records;
-//! * `topics`: creates topics (one partition, no retention limit).
+//! * `topics`: creates topics (one partition, no retention limit);
+//! * `read-all`: reads topics to their ends with one consumer and nothing
+//!   else, the ceiling of a changelog restore.
 //!
 //! Every command prints one JSON object on standard output.
 
@@ -25,6 +27,7 @@ use bench_loadgen::kafka::{
     create_topics, delete_topics, now_ms, partitions, runtime, Cluster, Encoders,
 };
 use bench_loadgen::pauses::{self, PausesArgs};
+use bench_loadgen::read_all::{read_all, ReadAllArgs};
 use bench_loadgen::{procfs, Shape, UseCase};
 use clap::{Parser, Subcommand, ValueEnum};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -120,6 +123,8 @@ enum Command {
     /// Time the gaps in a group's committed output while its members
     /// change, with each input partition's owner (`make bench-pause`).
     Pauses(PausesArgs),
+    /// Read topics to their ends with one consumer and nothing else.
+    ReadAll(ReadAllArgs),
     /// Create topics with one partition and no retention limit, or delete
     /// the topics of a finished run.
     Topics {
@@ -219,6 +224,7 @@ fn main() -> std::process::ExitCode {
         } => wait_ready(&cli.cluster, &groups, members, pid, timeout_secs),
         Command::Pauses(args) => pauses::follow(&cli.cluster, args),
         Command::Latency(args) => latency(&cli.cluster, args),
+        Command::ReadAll(args) => read_all(&cli.cluster, args),
         Command::Topics {
             create,
             delete_prefix,

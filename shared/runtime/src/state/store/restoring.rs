@@ -100,12 +100,40 @@ impl TaskStore {
     /// Merges each store's runs into an SST file, ingests it at the bottom
     /// of the store's column family, then writes the checkpoints: until
     /// then the store reads as not restored at all.
+    ///
+    /// The stores are merged at once, one thread each: the changelogs are
+    /// read by then, so the merges have the cores to themselves, and a
+    /// task's restore ends with its largest store's merge, not their sum.
     fn ingest(&mut self, mut bulk: BulkRestore) -> anyhow::Result<()> {
         let options = ingested_file_options();
+        let merged: Vec<(StoreIndex, Vec<std::path::PathBuf>)> = std::thread::scope(|scope| {
+            let merges: Vec<_> = bulk
+                .runs()
+                .map(|(store, runs)| {
+                    let options = &options;
+                    std::thread::Builder::new()
+                        .name("restore-merge".into())
+                        .spawn_scoped(scope, move || {
+                            runs.merge_into_sst_files(0, options)
+                                .map(|files| (store, files))
+                        })
+                        .map_err(|e| {
+                            anyhow::anyhow!("cannot start a thread to merge a restore: {e}")
+                        })
+                })
+                .collect::<anyhow::Result<_>>()?;
+            merges
+                .into_iter()
+                .map(|merge| {
+                    merge
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("the thread merging a restore panicked"))?
+                })
+                .collect::<anyhow::Result<_>>()
+        })?;
         let mut ingest = IngestExternalFileOptions::default();
         ingest.set_move_files(true);
-        for (store, runs) in bulk.runs() {
-            let files = runs.merge_into_sst_files(0, &options)?;
+        for (store, files) in merged {
             if !files.is_empty() {
                 self.db
                     .ingest_external_file_cf_opts(self.family(store), &ingest, files)?;
