@@ -20,6 +20,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::de::IgnoredAny;
+
 use streams_runtime::prelude::*;
 
 use crate::model::{JoinInput, Order, Shipment, ShippedOrder};
@@ -274,13 +276,14 @@ impl IntervalJoin {
         state: &StateView<'_>,
         timers: &mut DerivedTimers<'_, Self>,
     ) -> anyhow::Result<()> {
-        state.for_each(&ORDERS, |key, orders: Buffered<Order>| {
+        // Only the times are read: the records themselves are skipped.
+        state.for_each_as(&ORDERS, |key, orders: Buffered<IgnoredAny>| {
             if let Some(earliest) = orders.keys().next() {
                 timers.set_timer(key, Expiry::Order, self.order_expiry(*earliest));
             }
             Ok(())
         })?;
-        state.for_each(&SHIPMENTS, |key, shipments: Buffered<Shipment>| {
+        state.for_each_as(&SHIPMENTS, |key, shipments: Buffered<IgnoredAny>| {
             if let Some(earliest) = shipments.keys().next() {
                 timers.set_timer(key, Expiry::Shipment, Self::shipment_expiry(*earliest));
             }

@@ -17,6 +17,13 @@ struct Session {
     events: Vec<String>,
 }
 
+/// What a session's timer follows from (see `derive_timers`): a
+/// [`Session`] read without its events.
+#[derive(Deserialize)]
+struct SessionLatest {
+    latest: i64,
+}
+
 streams_runtime::stores! {
     /// The open session of each user.
     SESSIONS: ValueState<Session> = "sessions";
@@ -71,8 +78,8 @@ impl Sessionizer {
     }
 
     /// When `session` times out unless another event comes.
-    fn inactivity_deadline(&self, session: &Session) -> i64 {
-        session.latest.saturating_add(self.timeout)
+    fn inactivity_deadline(&self, latest: i64) -> i64 {
+        latest.saturating_add(self.timeout)
     }
 
     /// Emits `user`'s ended `session`, which the caller has taken out of
@@ -126,7 +133,7 @@ impl Processor for Sessionizer {
             session.latest = session.latest.max(time);
             let is_logout = event_type == "LOGOUT";
             session.events.push(event_type);
-            let deadline = self.inactivity_deadline(session);
+            let deadline = self.inactivity_deadline(session.latest);
             (if is_logout { slot.take() } else { None }, deadline)
         })?;
         if let Some(session) = completed {
@@ -162,11 +169,11 @@ impl Sessionizer {
         state: &StateView<'_>,
         timers: &mut DerivedTimers<'_, Self>,
     ) -> anyhow::Result<()> {
-        state.for_each(&SESSIONS, |user, session: Session| {
+        state.for_each_as(&SESSIONS, |user, session: SessionLatest| {
             timers.set_timer(
                 user,
                 SessionTimer::Inactivity,
-                self.inactivity_deadline(&session),
+                self.inactivity_deadline(session.latest),
             );
             Ok(())
         })

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use serde::de::IgnoredAny;
 use streams_runtime::prelude::*;
 
 use crate::accumulator::Accumulator;
@@ -96,7 +97,8 @@ impl OpenWindows {
         state: &StateView<'_>,
         timers: &mut DerivedTimers<'_, P>,
     ) -> anyhow::Result<()> {
-        state.for_each(&OPEN_WINDOWS, |key, windows: BTreeMap<i64, Accumulator>| {
+        // Only the windows' starts are read: the aggregates are skipped.
+        state.for_each_as(&OPEN_WINDOWS, |key, windows: BTreeMap<i64, IgnoredAny>| {
             if let Some(start) = windows.keys().next() {
                 timers.set_timer(key, WindowTimer::Flush, start + self.size);
             }

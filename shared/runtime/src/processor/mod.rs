@@ -113,6 +113,21 @@ impl StateView<'_> {
             })
     }
 
+    /// Like [`Self::for_each`], but decodes each value as `V`: a lighter
+    /// view of the state's type that reads only what the timers need (the
+    /// fields it names, or `serde::de::IgnoredAny` for a part to skip), so
+    /// that deriving a task's timers does not build every value in full.
+    pub fn for_each_as<T, V: DeserializeOwned>(
+        &self,
+        state: &ValueState<T>,
+        mut visit: impl FnMut(&str, V) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.store
+            .for_each_committed(self.index(state.name), |key, value| {
+                visit(std::str::from_utf8(key)?, decode_value(value)?)
+            })
+    }
+
     /// Calls `visit` with the key and the entry key of every entry of every
     /// key's map in `map`, in key order (values are not read).
     pub fn for_each_map_key<K: MapKey, V>(
