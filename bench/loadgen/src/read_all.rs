@@ -3,12 +3,10 @@
 //! of a changelog restore on this machine (`make bench-restore` prints it
 //! beside each restore).
 //!
-//! The consumer is set up like a restore's: read_committed, assigned (no
-//! group), 50 MiB fetches that wait at most 10 ms at the broker, and a
-//! prefetch queue looked at again 5 ms after it was full (librdkafka's 1 s
-//! would make this read 7 times slower than the restore). The clock
-//! starts at the assignment and stops at the last record, as a restore's
-//! "restored changelog" time does.
+//! The consumer is a restore's (`streams_runtime::client::restore_reader_config`):
+//! read_committed, assigned (no group), the same fetch and prefetch
+//! settings. The clock starts at the assignment and stops at the last
+//! record, as a restore's "restored changelog" time does.
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +14,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
+use streams_runtime::client::{parse_key_value, restore_reader_config};
 
 use crate::kafka::{partitions, Cluster};
 
@@ -26,8 +25,8 @@ pub struct ReadAllArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     pub topics: Vec<String>,
     /// Extra librdkafka properties of the consumer, to try a setting.
-    #[arg(long = "kafka", value_name = "KEY=VALUE")]
-    pub properties: Vec<String>,
+    #[arg(long = "kafka", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub properties: Vec<(String, String)>,
 }
 
 /// A partition still being read, up to its end offset when the read began.
@@ -40,19 +39,8 @@ struct Partition {
 /// Reads `args.topics` to their ends and prints the records, the time and
 /// the rate as one JSON object.
 pub fn read_all(cluster: &Cluster, args: ReadAllArgs) -> anyhow::Result<()> {
-    let mut config = cluster.client_config();
-    config
-        .set("group.id", "loadgen-read-all")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false")
-        .set("fetch.max.bytes", "52428800")
-        .set("fetch.wait.max.ms", "10")
-        .set("fetch.queue.backoff.ms", "5");
-    for property in &args.properties {
-        let (key, value) = property
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--kafka {property}: expected KEY=VALUE"))?;
+    let mut config = restore_reader_config(&cluster.client_config(), "loadgen-read-all");
+    for (key, value) in &args.properties {
         config.set(key, value);
     }
     let consumer: BaseConsumer = config.create()?;

@@ -16,7 +16,7 @@ use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::client::brokers::rebootstrap_if_cut_off;
-use crate::client::kafka::changelog_reader_config;
+use crate::client::kafka::restore_reader_config;
 use crate::metrics::StageActivity;
 use crate::native_admin;
 use crate::shutdown::Interrupted;
@@ -113,16 +113,7 @@ impl Restorer {
         activity: Arc<StageActivity>,
         store_names: Vec<String>,
     ) -> anyhow::Result<Self> {
-        let mut config = changelog_reader_config(base, format!("{application_id}-restore"));
-        config
-            .set("fetch.max.bytes", "52428800")
-            // A consumer has one fetch per broker in flight. At the end of a
-            // task's changelogs that fetch waits at the broker for new data
-            // (`fetch.wait.max.ms`, 500 ms by default), and the next task's
-            // changelogs, assigned meanwhile, are fetched only after it: most
-            // of that wait per task opened after the first, even with nothing
-            // to restore.
-            .set("fetch.wait.max.ms", "10");
+        let config = restore_reader_config(base, application_id);
         let consumer = config
             .create()
             .map_err(|e| anyhow::anyhow!("cannot create the restore consumer: {e}"))?;

@@ -172,6 +172,23 @@ pub(crate) fn changelog_reader_config(base: &ClientConfig, group_id: String) -> 
     config
 }
 
+/// The settings of a restore's consumer: a changelog reader whose fetches
+/// are large and short, named `<group>-restore`. Public so that the restore
+/// benchmark's ceiling (`loadgen read-all`) reads exactly as a restore does.
+pub fn restore_reader_config(base: &ClientConfig, group: &str) -> ClientConfig {
+    let mut config = changelog_reader_config(base, format!("{group}-restore"));
+    config
+        .set("fetch.max.bytes", "52428800")
+        // A consumer has one fetch per broker in flight. At the end of a
+        // task's changelogs that fetch waits at the broker for new data
+        // (`fetch.wait.max.ms`, 500 ms by default), and the next task's
+        // changelogs, assigned meanwhile, are fetched only after it: most
+        // of that wait per task opened after the first, even with nothing
+        // to restore.
+        .set("fetch.wait.max.ms", "10");
+    config
+}
+
 /// What librdkafka may hold prefetched for one consumer, in KiB: a few
 /// thousand records per partition for a handful of partitions.
 const CONSUMER_PREFETCH_KIB: &str = "16384";

@@ -26,6 +26,8 @@ pub(crate) mod kafka;
 mod registry;
 pub(crate) mod statistics;
 
+pub use kafka::restore_reader_config;
+
 use std::borrow::Cow;
 use std::io::Write;
 use std::path::{Path, PathBuf};

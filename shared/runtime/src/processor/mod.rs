@@ -105,12 +105,9 @@ impl StateView<'_> {
     pub fn for_each<T: DeserializeOwned>(
         &self,
         state: &ValueState<T>,
-        mut visit: impl FnMut(&str, T) -> anyhow::Result<()>,
+        visit: impl FnMut(&str, T) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
-        self.store
-            .for_each_committed(self.index(state.name), |key, value| {
-                visit(std::str::from_utf8(key)?, decode_value(value)?)
-            })
+        self.for_each_as(state, visit)
     }
 
     /// Like [`Self::for_each`], but decodes each value as `V`: a lighter
