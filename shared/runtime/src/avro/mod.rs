@@ -15,6 +15,7 @@
 //! only on a cache miss. Which schema id a stage writes under — its own
 //! schema registered, or the subject's latest version — is `subjects`'.
 
+mod direct;
 pub mod json;
 mod remote;
 mod subjects;
@@ -445,6 +446,8 @@ impl<T: DeserializeOwned> AvroDecoder<T> {
 pub struct AvroEncoder {
     schema_id: u32,
     writer: GenericDatumWriter<'static>,
+    /// The schema as the direct writer walks it, if it can.
+    plan: Option<direct::Plan>,
 }
 
 impl AvroEncoder {
@@ -454,13 +457,26 @@ impl AvroEncoder {
             .human_readable(false)
             .build()
             .map_err(|e| anyhow::anyhow!("Avro writer: {e}"))?;
-        Ok(AvroEncoder { schema_id, writer })
+        Ok(AvroEncoder {
+            schema_id,
+            writer,
+            plan: direct::Plan::compile(schema),
+        })
     }
 
-    /// Appends the wire-format encoding of `value` to the end of `out`.
+    /// Appends the wire-format encoding of `value` to the end of `out`:
+    /// written by position where the value's fields follow the schema's
+    /// order, else by apache-avro's writer, which looks fields up by name.
     pub fn append_to<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> anyhow::Result<()> {
         out.push(0);
         out.extend_from_slice(&self.schema_id.to_be_bytes());
+        if let Some(plan) = &self.plan {
+            let datum_start = out.len();
+            if direct::write(plan, value, out).is_ok() {
+                return Ok(());
+            }
+            out.truncate(datum_start);
+        }
         self.writer
             .write_ser(out, value)
             .map_err(|e| anyhow::anyhow!("Avro encoding failed: {e}"))?;
