@@ -123,7 +123,7 @@ impl Processor for Sessionizer {
         } = record.value;
         let time = record.event_time;
         // The session is changed in place; a logout takes it out.
-        let (completed, deadline) = ctx.update(&SESSIONS, &user_id, |slot| {
+        let add_event = |slot: &mut Option<Session>| {
             let session = slot.get_or_insert_with(|| Session {
                 start: time,
                 latest: time,
@@ -135,7 +135,16 @@ impl Processor for Sessionizer {
             session.events.push(event_type);
             let deadline = self.inactivity_deadline(session.latest);
             (if is_logout { slot.take() } else { None }, deadline)
-        })?;
+        };
+        // A user has an open session exactly while its inactivity timer is
+        // set (`end` clears it; see `derive_timers`): without one there is
+        // nothing to read, and a user's first event costs no state lookup
+        // (which would miss the read cache and go to RocksDB).
+        let (completed, deadline) = if ctx.may_have_timer(&user_id, SessionTimer::Inactivity) {
+            ctx.update(&SESSIONS, &user_id, add_event)?
+        } else {
+            ctx.update_new(&SESSIONS, &user_id, add_event)?
+        };
         if let Some(session) = completed {
             ctx.increment(SessionCounter::Completed);
             return Self::end(ctx, &user_id, session, COMPLETED, time);

@@ -69,14 +69,7 @@ impl OpenWindows {
         let timer = ctx.timer(key, WindowTimer::Flush);
         let earliest_end = match timer {
             Some(_) => ctx.update(&OPEN_WINDOWS, key, apply)?,
-            None => {
-                let mut slot = None;
-                let earliest_end = apply(&mut slot);
-                if let Some(windows) = &slot {
-                    ctx.put(&OPEN_WINDOWS, key, windows)?;
-                }
-                earliest_end
-            }
+            None => ctx.update_new(&OPEN_WINDOWS, key, apply)?,
         };
         let Some(earliest_end) = earliest_end else {
             return Ok(());

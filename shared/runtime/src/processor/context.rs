@@ -127,6 +127,26 @@ impl<P: Processor> Context<'_, P> {
         self.store.update(store, key.as_bytes(), change)
     }
 
+    /// [`update`](Self::update) of a key the processor knows has no value
+    /// in `state`, from its own bookkeeping (a timer set exactly while the
+    /// key has a value, say, tested with
+    /// [`may_have_timer`](Self::may_have_timer)): `change` sees `None`, or
+    /// what was written since the last commit, without a read of committed
+    /// state (which, for a key that has none, misses the read cache and
+    /// goes to RocksDB). A value that does exist is overwritten unseen.
+    pub fn update_new<T, R>(
+        &mut self,
+        state: &ValueState<T>,
+        key: &str,
+        change: impl FnOnce(&mut Option<T>) -> R,
+    ) -> anyhow::Result<R>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        let store = self.index(state.name);
+        self.store.update_new(store, key.as_bytes(), change)
+    }
+
     /// Sets the value of `state` for `key`.
     pub fn put<T: Serialize>(
         &mut self,

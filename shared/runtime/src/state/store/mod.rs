@@ -372,6 +372,33 @@ impl TaskStore {
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
+        self.update_reading(store, key, true, change)
+    }
+
+    /// [`Self::update`] of a key its caller knows to hold no value before
+    /// the changes since the last seal: committed state is not read.
+    pub fn update_new<T, R>(
+        &mut self,
+        store: StoreIndex,
+        key: &[u8],
+        change: impl FnOnce(&mut Option<T>) -> R,
+    ) -> anyhow::Result<R>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        self.update_reading(store, key, false, change)
+    }
+
+    fn update_reading<T, R>(
+        &mut self,
+        store: StoreIndex,
+        key: &[u8],
+        read_committed: bool,
+        change: impl FnOnce(&mut Option<T>) -> R,
+    ) -> anyhow::Result<R>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
         if let Some(slot) = self.overlay[store].get_mut(key) {
             // An error leaves the slot as it was.
             let mut value = match slot {
@@ -389,9 +416,11 @@ impl TaskStore {
             *slot = value.map_or(Change::Deleted, |value| Change::Decoded(Box::new(value)));
             return Ok(result);
         }
-        let mut value = self
-            .read_committed_or_sealed(store, key, decode_value::<T>)?
-            .transpose()?;
+        let mut value = if read_committed {
+            (self.read_committed_or_sealed(store, key, decode_value::<T>)?).transpose()?
+        } else {
+            None
+        };
         let existed = value.is_some();
         let result = change(&mut value);
         match value {
@@ -622,6 +651,37 @@ pub(crate) mod tests {
             "its checkpoint went too"
         );
         drop(readded);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_update_of_a_new_key_sees_the_changes_since_the_seal_and_not_committed_state() {
+        let (mut store, dir) = temp_store(&["a"]);
+        store.put(0, b"committed".to_vec(), encode_value(&1_u32).unwrap());
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 1)]).unwrap();
+        let seen = |store: &mut TaskStore, key: &[u8]| {
+            store
+                .update_new(0, key, |slot: &mut Option<u32>| {
+                    let seen = *slot;
+                    *slot = Some(7);
+                    seen
+                })
+                .unwrap()
+        };
+        // Committed state is not read: its value is overwritten unseen.
+        assert_eq!(seen(&mut store, b"committed"), None);
+        // Changes since the seal are: the value just written, and a
+        // deletion as none.
+        assert_eq!(seen(&mut store, b"committed"), Some(7));
+        store.delete(0, b"deleted".to_vec());
+        assert_eq!(seen(&mut store, b"deleted"), None);
+        let read = |store: &mut TaskStore, key: &[u8]| {
+            (store.read(0, key, |bytes| decode_value::<u32>(bytes).unwrap())).unwrap()
+        };
+        assert_eq!(read(&mut store, b"committed"), Some(7));
+        assert_eq!(read(&mut store, b"deleted"), Some(7));
+        drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
