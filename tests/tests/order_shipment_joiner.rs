@@ -184,10 +184,11 @@ const BASE: i64 = 1_692_000_000;
 
 /// A joiner whose merge waits `max_task_idle` for shipments, and `count`
 /// orders (ids 0.., one second apart from [`BASE`]) produced to it alone.
-fn orders_alone(count: i32, max_task_idle: &str) -> (Topics, Service) {
+fn orders_alone(count: i32, max_task_idle: &str, extra: &[&str]) -> (Topics, Service) {
     let topics = topics(1);
     let mut arguments = service_args(&topics, &unique("joiner"));
     arguments.extend(args(&["--max-task-idle", max_task_idle]));
+    arguments.extend(args(extra));
     let service = Service::start("order-shipment-joiner", &arguments);
     service.wait_ready(Duration::from_secs(60));
     let orders: Vec<Value> = (0..count).map(|id| order(id, BASE + id as i64)).collect();
@@ -204,7 +205,7 @@ fn orders_alone(count: i32, max_task_idle: &str) -> (Topics, Service) {
 #[test]
 fn an_input_running_ahead_is_paused_and_nothing_is_lost() {
     const ORDERS: i32 = 150_000;
-    let (topics, service) = orders_alone(ORDERS, "20s");
+    let (topics, service) = orders_alone(ORDERS, "20s", &[]);
 
     let consumed = format!(
         "streams_records_consumed_total{{topic=\"{}\"}}",
@@ -247,10 +248,12 @@ fn an_input_running_ahead_is_paused_and_nothing_is_lost() {
 /// are read (within the merge buffer's bound), then it takes them in one
 /// go; the per-task gauges, published at each commit, must show the orders'
 /// timers arriving over several commits, not all at once after the drain.
+/// Commits every 20 ms: on an idle machine the drain of 20 000 orders can
+/// take less than the default 100 ms, and then nothing is there to yield to.
 #[test]
 fn a_long_drain_commits_as_it_goes() {
     const ORDERS: i32 = 20_000;
-    let (topics, service) = orders_alone(ORDERS, "10s");
+    let (topics, service) = orders_alone(ORDERS, "10s", &["--commit-interval", "20ms"]);
     service.wait_consumed(&topics.orders, ORDERS as usize, Duration::from_secs(60));
     assert_eq!(
         service.metric("streams_timers_pending{task=\"0\"}"),
