@@ -159,11 +159,11 @@ impl Writer<'_> {
 impl<'a> ser::Serializer for Writer<'a> {
     type Ok = ();
     type Error = Mismatch;
-    type SerializeSeq = Elements<'a>;
+    type SerializeSeq = Block<'a>;
     type SerializeTuple = ser::Impossible<(), Mismatch>;
     type SerializeTupleStruct = ser::Impossible<(), Mismatch>;
     type SerializeTupleVariant = ser::Impossible<(), Mismatch>;
-    type SerializeMap = Entries<'a>;
+    type SerializeMap = Block<'a>;
     type SerializeStruct = Fields<'a>;
     type SerializeStructVariant = ser::Impossible<(), Mismatch>;
 
@@ -324,20 +324,9 @@ impl<'a> ser::Serializer for Writer<'a> {
         mismatch("a newtype variant", self.plan)
     }
 
-    fn serialize_seq(self, len: Option<usize>) -> Result<Elements<'a>, Mismatch> {
+    fn serialize_seq(self, len: Option<usize>) -> Result<Block<'a>, Mismatch> {
         match (self.plan, len) {
-            (Plan::Array(items), Some(len)) => {
-                // One block of `len` items, then the empty block that ends
-                // the array (an empty array is the end block alone).
-                if len > 0 {
-                    write_len(len, self.out);
-                }
-                Ok(Elements {
-                    plan: items,
-                    out: self.out,
-                    left: len,
-                })
-            }
+            (Plan::Array(items), Some(len)) => Ok(Block::start(items, self.out, len)),
             (plan, _) => mismatch("a sequence", plan),
         }
     }
@@ -364,18 +353,9 @@ impl<'a> ser::Serializer for Writer<'a> {
         mismatch("a tuple variant", self.plan)
     }
 
-    fn serialize_map(self, len: Option<usize>) -> Result<Entries<'a>, Mismatch> {
+    fn serialize_map(self, len: Option<usize>) -> Result<Block<'a>, Mismatch> {
         match (self.plan, len) {
-            (Plan::Map(values), Some(len)) => {
-                if len > 0 {
-                    write_len(len, self.out);
-                }
-                Ok(Entries {
-                    plan: values,
-                    out: self.out,
-                    left: len,
-                })
-            }
+            (Plan::Map(values), Some(len)) => Ok(Block::start(values, self.out, len)),
             (plan, _) => mismatch("a map", plan),
         }
     }
@@ -401,68 +381,80 @@ impl<'a> ser::Serializer for Writer<'a> {
     }
 }
 
-/// An array's items: as many as the sequence said it has.
-struct Elements<'a> {
+/// An array's items or a map's entries (keys being strings): one block of
+/// as many as the sequence or map said it has, then the empty block that
+/// ends it (an empty one is the end block alone).
+struct Block<'a> {
+    /// The plan of the items, or of the map's values.
     plan: &'a Plan,
     out: &'a mut Vec<u8>,
     left: usize,
 }
 
-impl ser::SerializeSeq for Elements<'_> {
+impl<'a> Block<'a> {
+    fn start(plan: &'a Plan, out: &'a mut Vec<u8>, len: usize) -> Self {
+        if len > 0 {
+            write_len(len, out);
+        }
+        Block {
+            plan,
+            out,
+            left: len,
+        }
+    }
+
+    /// Counts an item (or entry) off the length announced.
+    fn next(&mut self) -> Result<(), Mismatch> {
+        self.left = (self.left.checked_sub(1))
+            .ok_or_else(|| Mismatch("more items than the length announced".into()))?;
+        Ok(())
+    }
+
+    fn write<T: Serialize + ?Sized>(&mut self, plan: &Plan, value: &T) -> Result<(), Mismatch> {
+        value.serialize(Writer {
+            plan,
+            out: self.out,
+        })
+    }
+
+    fn end(self) -> Result<(), Mismatch> {
+        if self.left > 0 {
+            return Err(Mismatch("fewer items than the length announced".into()));
+        }
+        self.out.push(0);
+        Ok(())
+    }
+}
+
+impl ser::SerializeSeq for Block<'_> {
     type Ok = ();
     type Error = Mismatch;
 
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Mismatch> {
-        self.left = (self.left.checked_sub(1))
-            .ok_or_else(|| Mismatch("more items than the sequence's length".into()))?;
-        value.serialize(Writer {
-            plan: self.plan,
-            out: self.out,
-        })
+        self.next()?;
+        self.write(self.plan, value)
     }
 
     fn end(self) -> Result<(), Mismatch> {
-        if self.left > 0 {
-            return Err(Mismatch("fewer items than the sequence's length".into()));
-        }
-        self.out.push(0);
-        Ok(())
+        Block::end(self)
     }
 }
 
-/// A map's entries, keys being strings.
-struct Entries<'a> {
-    plan: &'a Plan,
-    out: &'a mut Vec<u8>,
-    left: usize,
-}
-
-impl ser::SerializeMap for Entries<'_> {
+impl ser::SerializeMap for Block<'_> {
     type Ok = ();
     type Error = Mismatch;
 
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Mismatch> {
-        self.left = (self.left.checked_sub(1))
-            .ok_or_else(|| Mismatch("more entries than the map's length".into()))?;
-        key.serialize(Writer {
-            plan: &Plan::String,
-            out: self.out,
-        })
+        self.next()?;
+        self.write(&Plan::String, key)
     }
 
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Mismatch> {
-        value.serialize(Writer {
-            plan: self.plan,
-            out: self.out,
-        })
+        self.write(self.plan, value)
     }
 
     fn end(self) -> Result<(), Mismatch> {
-        if self.left > 0 {
-            return Err(Mismatch("fewer entries than the map's length".into()));
-        }
-        self.out.push(0);
-        Ok(())
+        Block::end(self)
     }
 }
 
