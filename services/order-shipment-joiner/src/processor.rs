@@ -11,16 +11,24 @@
 //! Buffered records are dropped once no on-time record can match them any
 //! more: an order when the watermark passes `order_ts + window`, a shipment
 //! when it passes `ship_ts` (a later order is on time only if
-//! `order_ts >= watermark`). One timer per order id and side, at the side's
-//! earliest such deadline, does it.
-//!
-//! So a side of an order id has buffered records exactly while its timer is
-//! set, and the timer answers "anything buffered?" without a state read: a
-//! new order id, most of the input, costs no RocksDB lookup of either side.
+//! `order_ts >= watermark`). No timer per order id does it, but a sweep of
+//! each side, as the watermark moves on: a side's committed state is read
+//! a page at a time between records, and each key whose earliest record
+//! has expired is rewritten without its expired ones. A sweep starts again
+//! once the watermark has moved a sweep period on (half the join window for
+//! orders, the grace for shipments), so a record may stay that much longer
+//! than it has to; a join only ever looks at the other side's records in
+//! its window, which never reaches back to an expired one, so the rows are
+//! the same. What this saves against a timer per order id and side: the
+//! timers' writes (with more order ids in the window than memory holds,
+//! two RocksDB writes per record) and their rebuild from state when a task
+//! opens. What it costs: each key is read by about three sweeps in its
+//! life, sequentially.
 
 use std::collections::BTreeMap;
 
-use serde::de::IgnoredAny;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::Serialize;
 
 use streams_runtime::prelude::*;
 
@@ -39,12 +47,25 @@ streams_runtime::stores! {
 }
 
 streams_runtime::timer_names! {
-    /// Per order id and side, the earliest time a buffered record expires.
-    pub enum Expiry {
-        Order = "order-expiry",
-        Shipment = "shipment-expiry",
+    /// Per side, when its sweep for expired records goes on: set at the
+    /// watermark while a sweep has pages left (it fires at the watermark's
+    /// next advance), a sweep period ahead once it is done.
+    pub enum Sweep {
+        Orders = "orders-sweep",
+        Shipments = "shipments-sweep",
     }
 }
+
+/// The key of both sweep timers: a sweep is of a whole side, not of a key.
+const SWEEP_KEY: &str = "";
+
+/// Order ids a sweep reads per page: one page per watermark advance, so a
+/// sweep of a large state is spread over many records.
+const SWEEP_PAGE: usize = 1_000;
+
+/// The least a sweep period may be, however small the window or grace: a
+/// side is never swept more often than this much event time.
+const MIN_SWEEP_EVERY_MS: i64 = 60_000;
 
 streams_runtime::counter_names! {
     /// Buffered records dropped unmatched when their join window closed.
@@ -81,81 +102,101 @@ pub fn pipeline(settings: Settings) -> anyhow::Result<Pipeline> {
     Ok(Pipeline::new(settings.runtime, topology, processor))
 }
 
-/// `key`'s buffered records of one side, whose expiry timer is `name`: none
-/// unless the timer is set (see the module docs). The timer is only
-/// tested, not read: the state read follows anyway when it is set.
-fn buffered<T: serde::de::DeserializeOwned>(
+/// Buffers `record` at `time` on one side of `key`.
+fn buffer<T: Serialize + DeserializeOwned + Send + Sync + 'static>(
     ctx: &mut Context<'_, IntervalJoin>,
     state: &ValueState<Buffered<T>>,
     key: &str,
-    name: Expiry,
-) -> anyhow::Result<Option<Buffered<T>>> {
-    if !ctx.may_have_timer(key, name) {
-        return Ok(None);
-    }
-    ctx.get(state, key)
-}
-
-/// Buffers `record` at `time` on one side of `key`, whose expiry timer is
-/// `name`, and moves that timer to `expires` if that is earlier. The timer
-/// is looked up once: it says whether the side has anything buffered, and
-/// when it expires.
-fn buffer<T: serde::Serialize + serde::de::DeserializeOwned>(
-    ctx: &mut Context<'_, IntervalJoin>,
-    state: &ValueState<Buffered<T>>,
-    key: &str,
-    (name, expires): (Expiry, i64),
     time: i64,
     record: T,
 ) -> anyhow::Result<()> {
-    let current = ctx.timer(key, name);
-    let mut buffered = match current {
-        Some(_) => ctx.get(state, key)?.unwrap_or_default(),
-        None => Buffered::new(),
-    };
-    buffered.entry(time).or_default().push(record);
-    ctx.put(state, key, &buffered)?;
-    if current.is_none_or(|current| expires < current) {
-        ctx.set_timer(key, name, expires);
-    }
-    Ok(())
+    ctx.update(state, key, |buffered| {
+        (buffered.get_or_insert_default().entry(time).or_default()).push(record)
+    })
 }
 
-/// Drops `key`'s buffered records of one side whose `expiry` has passed the
-/// watermark, counting them as `counter`; re-arms timer `name` for the rest.
-fn expire<T: serde::Serialize + serde::de::DeserializeOwned>(
-    ctx: &mut Context<'_, IntervalJoin>,
-    state: &ValueState<Buffered<T>>,
-    key: &str,
-    (name, counter): (Expiry, JoinCounter),
-    expiry: impl Fn(i64) -> i64,
-) -> anyhow::Result<()> {
-    let Some(mut buffered) = ctx.get(state, key)? else {
-        return Ok(());
-    };
-    let watermark = ctx.watermark();
-    while let Some(entry) = buffered.first_entry() {
-        let at = expiry(*entry.key());
-        if at > watermark {
-            ctx.set_timer(key, name, at);
-            break;
+/// One side of the join, as a sweep sees it.
+struct Side<T: 'static> {
+    state: &'static ValueState<Buffered<T>>,
+    expired: JoinCounter,
+}
+
+const ORDER_SIDE: Side<Order> = Side {
+    state: &ORDERS,
+    expired: JoinCounter::OrdersExpired,
+};
+
+const SHIPMENT_SIDE: Side<Shipment> = Side {
+    state: &SHIPMENTS,
+    expired: JoinCounter::ShipmentsExpired,
+};
+
+impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Side<T> {
+    /// Reads the page of the side's committed order ids after `after`, and
+    /// drops from each the records whose `expiry` the watermark has reached
+    /// (counted). Returns where the next page starts, `None` at the end.
+    fn sweep_page(
+        &self,
+        ctx: &mut Context<'_, IntervalJoin>,
+        after: Option<&str>,
+        expiry: impl Fn(i64) -> i64,
+    ) -> anyhow::Result<Option<String>> {
+        let watermark = ctx.watermark();
+        // Only the times are read: the records themselves are skipped.
+        let page: StatePage<Buffered<IgnoredAny>> =
+            ctx.committed_page(self.state, after, SWEEP_PAGE)?;
+        for (key, times) in page.entries {
+            if times
+                .keys()
+                .next()
+                .is_none_or(|&first| expiry(first) > watermark)
+            {
+                continue;
+            }
+            let dropped = ctx.update(self.state, &key, |buffered| {
+                let Some(records) = buffered else {
+                    return 0;
+                };
+                let mut dropped = 0;
+                while let Some(entry) = records.first_entry() {
+                    if expiry(*entry.key()) > watermark {
+                        break;
+                    }
+                    dropped += entry.remove().len();
+                }
+                if records.is_empty() {
+                    *buffered = None;
+                }
+                dropped
+            })?;
+            for _ in 0..dropped {
+                ctx.increment(self.expired);
+            }
         }
-        entry.remove();
-        ctx.increment(counter);
+        Ok(page.next)
     }
-    ctx.put_or_delete(state, key, Some(&buffered).filter(|b| !b.is_empty()))
 }
 
 #[derive(Debug, Clone)]
 pub struct IntervalJoin {
     /// Join window in milliseconds.
     window: i64,
+    /// How far the watermark moves between two sweeps of orders, and of shipments.
+    sweep_every: [i64; 2],
+    /// Per side, where its sweep goes on (the last order id swept), while
+    /// one is under way. Kept in memory only: a task that reopens starts
+    /// its sweeps from the beginning.
+    swept_up_to: [Option<String>; 2],
 }
 
 impl IntervalJoin {
     pub fn new(settings: &Settings) -> Self {
+        let window = settings.join_window.as_millis_i64();
+        let grace = settings.grace.as_millis_i64();
         IntervalJoin {
-            window: settings.join_window.as_millis_i64(),
+            window,
+            sweep_every: [window / 2, grace].map(|every| every.max(MIN_SWEEP_EVERY_MS)),
+            swept_up_to: [None, None],
         }
     }
 
@@ -173,8 +214,8 @@ impl IntervalJoin {
     }
 
     /// When an order buffered at `time` can no longer match.
-    fn order_expiry(&self, time: i64) -> i64 {
-        time.saturating_add(self.window).saturating_add(1)
+    fn order_expiry(window: i64, time: i64) -> i64 {
+        time.saturating_add(window).saturating_add(1)
     }
 
     /// When a shipment buffered at `time` can no longer match.
@@ -190,13 +231,12 @@ impl IntervalJoin {
         time: i64,
     ) -> anyhow::Result<()> {
         let high = time.saturating_add(self.window);
-        if let Some(shipments) = buffered(ctx, &SHIPMENTS, key, Expiry::Shipment)? {
+        if let Some(shipments) = ctx.get(&SHIPMENTS, key)? {
             for shipment in shipments.range(time..=high).flat_map(|(_, list)| list) {
                 ctx.emit(Some(key), &Self::joined(&order, shipment))?;
             }
         }
-        let expiry = (Expiry::Order, self.order_expiry(time));
-        buffer(ctx, &ORDERS, key, expiry, time, order)
+        buffer(ctx, &ORDERS, key, time, order)
     }
 
     fn on_shipment(
@@ -207,25 +247,49 @@ impl IntervalJoin {
         time: i64,
     ) -> anyhow::Result<()> {
         let low = time.saturating_sub(self.window);
-        if let Some(orders) = buffered(ctx, &ORDERS, key, Expiry::Order)? {
+        if let Some(orders) = ctx.get(&ORDERS, key)? {
             for order in orders.range(low..=time).flat_map(|(_, list)| list) {
                 ctx.emit(Some(key), &Self::joined(order, &shipment))?;
             }
         }
-        let expiry = (Expiry::Shipment, Self::shipment_expiry(time));
-        buffer(ctx, &SHIPMENTS, key, expiry, time, shipment)
+        buffer(ctx, &SHIPMENTS, key, time, shipment)
+    }
+
+    /// Sweeps the next page of the side of timer `name`, and sets the timer
+    /// again: at the watermark while pages are left, a sweep period on
+    /// once the side is done.
+    fn sweep(&mut self, ctx: &mut Context<'_, Self>, name: Sweep) -> anyhow::Result<()> {
+        let side = name as usize;
+        let after = self.swept_up_to[side].take();
+        let window = self.window;
+        let next = match name {
+            Sweep::Orders => ORDER_SIDE.sweep_page(ctx, after.as_deref(), |time| {
+                Self::order_expiry(window, time)
+            })?,
+            Sweep::Shipments => {
+                SHIPMENT_SIDE.sweep_page(ctx, after.as_deref(), Self::shipment_expiry)?
+            }
+        };
+        let watermark = ctx.watermark();
+        let at = match next {
+            Some(_) => watermark,
+            None => watermark.saturating_add(self.sweep_every[side]),
+        };
+        self.swept_up_to[side] = next;
+        ctx.set_timer(SWEEP_KEY, name, at);
+        Ok(())
     }
 }
 
 impl Processor for IntervalJoin {
     type Input = JoinInput;
     type Output = ShippedOrder;
-    type Timers = Expiry;
+    type Timers = Sweep;
     const STORES: &'static [StoreSpec] = STORES;
 
     fn process(
         &mut self,
-        ctx: &mut Context<'_, Self>,
+        ctx: &mut Context<'_, IntervalJoin>,
         record: Record<'_, JoinInput>,
     ) -> anyhow::Result<()> {
         match record.value {
@@ -243,51 +307,26 @@ impl Processor for IntervalJoin {
     fn on_timer(
         &mut self,
         ctx: &mut Context<'_, Self>,
-        timer: Timer<'_, Expiry>,
+        timer: Timer<'_, Sweep>,
     ) -> anyhow::Result<()> {
-        match timer.name {
-            Expiry::Order => expire(
-                ctx,
-                &ORDERS,
-                timer.key,
-                (Expiry::Order, JoinCounter::OrdersExpired),
-                |time| self.order_expiry(time),
-            ),
-            Expiry::Shipment => expire(
-                ctx,
-                &SHIPMENTS,
-                timer.key,
-                (Expiry::Shipment, JoinCounter::ShipmentsExpired),
-                Self::shipment_expiry,
-            ),
-        }
+        self.sweep(ctx, timer.name)
     }
 
-    const DERIVE_TIMERS: Option<DeriveTimers<Self>> = Some(Self::derive_timers);
+    const DERIVE_TIMERS: Option<DeriveTimers<Self>> = Some(Self::start_sweeps);
 }
 
 impl IntervalJoin {
-    /// A side's expiry timer of an order id is always the expiry of its
-    /// earliest buffered record (buffering moves it earlier, expiring
-    /// re-arms it for the earliest left, and an empty side is deleted), so
-    /// the timers follow from the buffers and none is written to a changelog.
-    fn derive_timers(
+    /// A task that opens sweeps both sides from the beginning at the
+    /// watermark's first advance: nothing of the last sweeps is kept, and
+    /// nothing in state has to be read to open the task.
+    fn start_sweeps(
         &self,
-        state: &StateView<'_>,
+        _state: &StateView<'_>,
         timers: &mut DerivedTimers<'_, Self>,
     ) -> anyhow::Result<()> {
-        // Only the times are read: the records themselves are skipped.
-        state.for_each_as(&ORDERS, |key, orders: Buffered<IgnoredAny>| {
-            if let Some(earliest) = orders.keys().next() {
-                timers.set_timer(key, Expiry::Order, self.order_expiry(*earliest));
-            }
-            Ok(())
-        })?;
-        state.for_each_as(&SHIPMENTS, |key, shipments: Buffered<IgnoredAny>| {
-            if let Some(earliest) = shipments.keys().next() {
-                timers.set_timer(key, Expiry::Shipment, Self::shipment_expiry(*earliest));
-            }
-            Ok(())
-        })
+        for name in [Sweep::Orders, Sweep::Shipments] {
+            timers.set_timer(SWEEP_KEY, name, NO_WATERMARK);
+        }
+        Ok(())
     }
 }

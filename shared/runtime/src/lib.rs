@@ -118,7 +118,7 @@ pub use topology::{InputStream, StageLink, Topology};
 pub mod prelude {
     pub use crate::processor::{
         Completion, Context, CounterName, DeriveTimers, DerivedTimers, MapState, NoTimers,
-        Processor, Record, StateView, StoreSpec, Timer, TimerName, ValueState,
+        Processor, Record, StatePage, StateView, StoreSpec, Timer, TimerName, ValueState,
     };
     pub use crate::time::NO_WATERMARK;
     pub use crate::timers::TimeDomain;

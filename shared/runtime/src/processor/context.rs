@@ -20,6 +20,15 @@ use crate::state::StoreIndex;
 use crate::timers::{TaskTimers, TimeDomain, TimerEntry};
 use crate::watermark::Announcement;
 
+/// A page of a store's committed entries ([`Context::committed_page`]).
+pub struct StatePage<V> {
+    /// Keys and values, in key order.
+    pub entries: Vec<(String, V)>,
+    /// The key the next page starts after: `None` once the store has no
+    /// more (a page of fewer entries than asked for is the last).
+    pub next: Option<String>,
+}
+
 /// What a processor may do while handling a record or a timer.
 pub struct Context<'a, P: Processor> {
     pub(crate) store: &'a mut TaskStore,
@@ -181,6 +190,34 @@ impl<P: Processor> Context<'_, P> {
     pub fn delete<T>(&mut self, state: &ValueState<T>, key: &str) {
         let store = self.index(state.name);
         self.store.delete(store, key.as_bytes().to_vec());
+    }
+
+    /// A page of up to `limit` committed values of `state`, decoded as `V`
+    /// (a lighter view of its type, like
+    /// [`StateView::for_each_as`](super::StateView::for_each_as)), in key
+    /// order from the first key after `after` (from the first without).
+    ///
+    /// For a sweep that goes through a store a page at a time between
+    /// records (a timer that sets itself again at the watermark, to fire at
+    /// its next advance): only committed state is read, so what changed
+    /// since the last commit is not seen until a later sweep, and a value
+    /// to change is read again with [`update`](Self::update).
+    pub fn committed_page<T, V: DeserializeOwned>(
+        &mut self,
+        state: &ValueState<T>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> anyhow::Result<StatePage<V>> {
+        let store = self.index(state.name);
+        let mut entries = Vec::new();
+        let last =
+            self.store
+                .committed_page(store, after.map(str::as_bytes), limit, |key, value| {
+                    entries.push((std::str::from_utf8(key)?.to_owned(), decode_value(value)?));
+                    Ok(())
+                })?;
+        let next = last.and(entries.last().map(|(key, _)| key.clone()));
+        Ok(StatePage { entries, next })
     }
 
     fn map_key<K: MapKey>(key: &str, entry: &K) -> Vec<u8> {

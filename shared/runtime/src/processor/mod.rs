@@ -30,7 +30,7 @@ use crate::state::store::TaskStore;
 use crate::state::StoreIndex;
 use crate::time::NO_WATERMARK;
 use crate::timers::{TaskTimers, TimeDomain};
-pub use context::Context;
+pub use context::{Context, StatePage};
 
 /// Domain logic of a service.
 pub trait Processor: Clone + Send + 'static {
@@ -240,16 +240,16 @@ macro_rules! counter_names {
 ///
 /// ```
 /// streams_runtime::timer_names! {
-///     /// The joiner's timers.
-///     pub enum JoinTimer {
-///         /// A buffered order expires.
-///         OrderExpiry = "order-expiry",
-///         ShipmentExpiry = "shipment-expiry",
+///     /// A session's timers.
+///     pub enum SessionTimer {
+///         /// The session has been inactive too long.
+///         Inactivity = "inactivity",
+///         Heartbeat = "heartbeat",
 ///     }
 /// }
 /// use streams_runtime::TimerName;
-/// assert_eq!(JoinTimer::from_name("order-expiry"), Some(JoinTimer::OrderExpiry));
-/// assert_eq!(JoinTimer::ShipmentExpiry.name(), "shipment-expiry");
+/// assert_eq!(SessionTimer::from_name("inactivity"), Some(SessionTimer::Inactivity));
+/// assert_eq!(SessionTimer::Heartbeat.name(), "heartbeat");
 /// ```
 #[macro_export]
 macro_rules! timer_names {

@@ -85,8 +85,7 @@ pub(super) struct Spill {
     /// The store's first error since the last [`TaskTimers::check`](super::TaskTimers::check).
     pub(super) failure: Cell<Option<anyhow::Error>>,
     /// The last key and name looked up in the store, with the answer: a
-    /// processor that reads a timer and then sets it (the joiner, for
-    /// every record) reads the store once.
+    /// processor that reads a timer and then sets it reads the store once.
     last_lookup: RefCell<Option<Lookup>>,
     /// Which keys and names may be in the store: a lookup or removal of a
     /// timer certainly not spilled touches no store.
@@ -182,10 +181,10 @@ fn timer_bytes(key: &str) -> usize {
     TIMER_BYTES + key.len()
 }
 
-/// One key's timers, by name, with their times: most keys have one or two
-/// (the joiner's order ids: one per side), kept inline. (With room for one,
-/// a second spilled to the heap: the joiner's records per CPU-second
-/// 142/149/156k -> 148/160/160k with room for two.)
+/// One key's timers, by name, with their times: most keys have one or two,
+/// kept inline. (With room for one, a second spilled to the heap: the
+/// joiner's records per CPU-second, when it kept an expiry timer per order
+/// id and side, 142/149/156k -> 148/160/160k with room for two.)
 type NamedTimes = SmallVec<[(&'static str, i64); 2]>;
 
 /// Left-behind heap entries tolerated beyond the live ones before a rebuild.

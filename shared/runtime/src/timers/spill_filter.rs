@@ -1,8 +1,8 @@
 //! A bloom filter of the timers a queue has spilled, by key and name.
 //!
 //! Most timer lookups of a state larger than memory are for keys with no
-//! timer at all (a new order id: the joiner asks about both sides before it
-//! buffers the first record), and each would otherwise be a point read of
+//! timer at all (a new user: the sessionizer asks before it opens a
+//! session), and each would otherwise be a point read of
 //! the spill store that finds nothing, through every level of RocksDB. The
 //! filter answers most of them: "not spilled" is certain, "maybe" goes to
 //! the store.

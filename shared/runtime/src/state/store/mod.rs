@@ -502,6 +502,46 @@ impl TaskStore {
         Ok(())
     }
 
+    /// Calls `visit` with up to `limit` committed entries of `store` in key
+    /// order, from the first key after `after` (from the first key without
+    /// it), and returns the last key visited if that made `limit`: `None`
+    /// when the store has no more. Reads RocksDB alone while processing goes on, so what is not
+    /// written to it yet (changes since the last commit, the commit in
+    /// flight and its write) is not seen: for a sweep over state that
+    /// comes round again, which reads each key's current value before it
+    /// changes it.
+    pub fn committed_page(
+        &self,
+        store: StoreIndex,
+        after: Option<&[u8]>,
+        limit: usize,
+        mut visit: impl FnMut(&[u8], &[u8]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Option<Vec<u8>>> {
+        let mut iterator = self.db.raw_iterator_cf(self.family(store));
+        match after {
+            Some(after) => {
+                iterator.seek(after);
+                if iterator.key() == Some(after) {
+                    iterator.next();
+                }
+            }
+            None => iterator.seek_to_first(),
+        }
+        let mut last = None;
+        let mut visited = 0;
+        while visited < limit {
+            let (Some(key), Some(value)) = (iterator.key(), iterator.value()) else {
+                break;
+            };
+            visit(key, value)?;
+            visited += 1;
+            last = Some(key.to_vec());
+            iterator.next();
+        }
+        iterator.status()?;
+        Ok(last.filter(|_| visited == limit))
+    }
+
     /// Estimated number of committed keys in `store`.
     pub fn estimated_keys(&self, store: StoreIndex) -> u64 {
         self.db
@@ -681,6 +721,52 @@ pub(crate) mod tests {
         };
         assert_eq!(read(&mut store, b"committed"), Some(7));
         assert_eq!(read(&mut store, b"deleted"), Some(7));
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn committed_pages_go_through_rocksdb_in_key_order_without_uncommitted_changes() {
+        let (mut store, dir) = temp_store(&["a"]);
+        for key in ["k3", "k1", "k5", "k2", "k4"] {
+            store.put(0, key.as_bytes().to_vec(), key.as_bytes().to_vec());
+        }
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 1)]).unwrap();
+        // Not in RocksDB, and so not seen, until the state writer is done.
+        store.finish_applying().unwrap();
+        store.put(0, b"k0".to_vec(), b"uncommitted".to_vec());
+        store.delete(0, b"k2".to_vec());
+        let mut pages = Vec::new();
+        let mut after = None;
+        loop {
+            let mut page = Vec::new();
+            after = store
+                .committed_page(0, after.as_deref(), 2, |key, value| {
+                    assert_eq!(key, value);
+                    page.push(String::from_utf8(key.to_vec())?);
+                    Ok(())
+                })
+                .unwrap();
+            pages.push(page);
+            if after.is_none() {
+                break;
+            }
+        }
+        // The deletion and the new key are not committed yet: not seen.
+        assert_eq!(pages, [vec!["k1", "k2"], vec!["k3", "k4"], vec!["k5"]]);
+        // A key that is gone is passed from where it would be.
+        store.seal().unwrap();
+        store.apply_sealed(&[(0, 2)]).unwrap();
+        store.finish_applying().unwrap();
+        let mut seen = Vec::new();
+        store
+            .committed_page(0, Some(b"k2"), 10, |key, _| {
+                seen.push(key.to_vec());
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, [b"k3".to_vec(), b"k4".to_vec(), b"k5".to_vec()]);
         drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
