@@ -60,6 +60,7 @@
 mod app;
 
 pub mod avro;
+mod bloom;
 pub mod client;
 mod clock;
 mod collector;

@@ -298,17 +298,20 @@ macro_rules! timer_names {
 ///     pub SESSIONS: ValueState<String> = "sessions";
 ///     /// Readings by window start.
 ///     READINGS: MapState<i64, f64> = "readings";
+///     /// Orders by id, mostly read for ids they do not have.
+///     ORDERS: ValueState<String> = "orders".with_key_filter();
 /// }
 /// let names: Vec<&str> = STORES.iter().map(|store| store.name).collect();
-/// assert_eq!(names, ["sessions", "readings"]);
+/// assert_eq!(names, ["sessions", "readings", "orders"]);
 /// assert_eq!(SESSIONS.name(), "sessions");
+/// assert!(STORES[2].key_filter && !STORES[0].key_filter);
 /// ```
 #[macro_export]
 macro_rules! stores {
     (
-        $($(#[$meta:meta])* $vis:vis $name:ident : $kind:ident < $($arg:ty),+ > = $text:literal;)+
+        $($(#[$meta:meta])* $vis:vis $name:ident : $kind:ident < $($arg:ty),+ > = $text:literal $(. $option:ident ())*;)+
     ) => {
-        $($(#[$meta])* $vis const $name: $kind<$($arg),+> = $kind::new($text);)+
+        $($(#[$meta])* $vis const $name: $kind<$($arg),+> = $kind::new($text)$(.$option())*;)+
 
         /// Every store declared here, for `Processor::STORES`.
         #[allow(dead_code)]
@@ -346,6 +349,7 @@ pub struct Timer<'a, N> {
 #[derive(Debug)]
 pub struct ValueState<T> {
     name: &'static str,
+    key_filter: bool,
     _value: PhantomData<fn() -> T>,
 }
 
@@ -355,7 +359,23 @@ impl<T> ValueState<T> {
     pub const fn new(name: &'static str) -> Self {
         ValueState {
             name,
+            key_filter: false,
             _value: PhantomData,
+        }
+    }
+
+    /// The store with a filter of its keys in memory, in front of RocksDB
+    /// (`"orders".with_key_filter()` in [`stores!`](crate::stores)): a read
+    /// of a key the store does not hold is answered without RocksDB. For a
+    /// store read for keys it mostly does not have (the other side of a
+    /// join, for each new key), whose processor has no cheaper way to tell;
+    /// it costs a scan of the store's keys when its task opens, and about
+    /// 2.5 bytes per key of the task's memory for timers
+    /// (docs/architecture.md, "Key filters").
+    pub const fn with_key_filter(self) -> Self {
+        ValueState {
+            key_filter: true,
+            ..self
         }
     }
 
@@ -370,6 +390,7 @@ impl<T> ValueState<T> {
         StoreSpec {
             name: self.name,
             shape: StoreShape::Value,
+            key_filter: self.key_filter,
         }
     }
 }
@@ -380,6 +401,9 @@ impl<T> ValueState<T> {
 pub struct StoreSpec {
     pub name: &'static str,
     pub shape: StoreShape,
+    /// Whether a filter of its keys answers reads of keys it does not hold
+    /// ([`ValueState::with_key_filter`]).
+    pub key_filter: bool,
 }
 
 /// How a store's entries are laid out.
@@ -431,6 +455,7 @@ impl<K: MapKey, V> MapState<K, V> {
                 entry_key: entry_key_json::<K>,
                 timed: K::TIMED,
             },
+            key_filter: false,
         }
     }
 }

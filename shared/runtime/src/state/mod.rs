@@ -4,6 +4,7 @@
 mod bulk_restore;
 pub mod codec;
 pub mod format;
+mod key_filter;
 mod layer;
 pub mod open_stores;
 pub(crate) mod progress_layout;

@@ -41,6 +41,11 @@ impl<P: Processor> Task<P> {
     pub(super) fn load(&mut self, now: Now) -> anyhow::Result<()> {
         // Spilled timers belong to the queue being replaced.
         self.store.clear_spilled_timers()?;
+        for spec in P::STORES.iter().filter(|spec| spec.key_filter) {
+            let store = (self.store.index_of(spec.name))
+                .ok_or_else(|| anyhow::anyhow!("store '{}' is not open", spec.name))?;
+            self.store.filter_keys(store)?;
+        }
         let store = &self.store;
         // A timer store needs a spilled timer's old time to delete its key.
         let exact = self.timer_store.is_some();

@@ -35,19 +35,32 @@ impl TaskStore {
             self.sealed.iter().all(Changes::is_empty),
             "one commit in flight at a time"
         );
+        for store in 0..self.names.len() {
+            if self.key_filters[store]
+                .as_ref()
+                .is_some_and(|filter| filter.is_full())
+            {
+                self.build_key_filter(store)?;
+            }
+        }
         let (cache, db, names) = (&self.cache, &self.db, &self.names);
+        let filters = &self.key_filters;
         for (store, overlay) in self.overlay.iter_mut().enumerate() {
             // A deletion of a key that committed state does not hold is no
             // change: no tombstone for RocksDB or the changelog. Such keys
             // were created and deleted again since the last seal (a session
             // or window that began and ended within one commit), often
             // written without a read (the processor knew the key was new),
-            // so where the read cache does not know, RocksDB's bloom filters
-            // answer: committed state is all in RocksDB by now.
+            // so where the read cache does not know, the store's key filter
+            // or RocksDB's bloom filters answer: committed state is all in
+            // RocksDB by now.
             let family = family(db, &names[store]);
+            let filter = filters[store].as_ref();
             overlay.retain(|key, change| {
                 !(matches!(change, Change::Deleted)
-                    && (cache.knows_absent(store, key) || !db.key_may_exist_cf(family, key)))
+                    && (cache.knows_absent(store, key)
+                        || filter.is_some_and(|filter| !filter.may_contain(key))
+                        || !db.key_may_exist_cf(family, key)))
             });
             for change in overlay.values_mut() {
                 if let Change::Decoded(value) = change {
@@ -180,8 +193,12 @@ impl TaskStore {
     /// through [`Self::write_restored`].
     pub fn write_restored_behind(&mut self, mut restored: RestoreBatch) -> anyhow::Result<()> {
         self.finish_applying()?;
-        // Whatever was read before these records is older than they are.
+        // Whatever was read before these records is older than they are,
+        // and key filters do not know their keys: built again at the open.
         self.cache.clear();
+        self.key_filters
+            .iter_mut()
+            .for_each(|filter| *filter = None);
         let checkpoints: Vec<(StoreIndex, i64)> = (restored.checkpoints.iter().enumerate())
             .filter_map(|(store, offset)| offset.map(|offset| (store, offset)))
             .collect();

@@ -39,6 +39,7 @@ use serde::Serialize;
 
 use super::codec::{decode_value, encode_value};
 use super::format::{self, WriteFormat};
+use super::key_filter::KeyFilter;
 use super::layer::Layer;
 use super::open_stores::{Registration, StoreRole};
 use super::read_cache::ReadCache;
@@ -138,6 +139,8 @@ pub struct TaskStore {
     /// keep their capacity: two sets of layers take turns).
     spare: Option<Vec<Changes>>,
     cache: ReadCache,
+    /// Per store, a filter of its keys if it has one ([`Self::filter_keys`]).
+    key_filters: Vec<Option<KeyFilter>>,
     shares: Arc<MemoryShares>,
     writers: Arc<WorkerPool>,
     /// Its place among the stores queries read.
@@ -232,6 +235,7 @@ impl TaskStore {
             applying: None,
             spare: None,
             cache: ReadCache::new(names.len(), resources.shares.clone()),
+            key_filters: (0..names.len()).map(|_| None).collect(),
             shares: resources.shares.clone(),
             writers: resources.writers.clone(),
             names,
@@ -268,9 +272,71 @@ impl TaskStore {
         self.registration.entry.set_known_end(store, offset);
     }
 
-    /// This task's share of the memory for timers.
+    /// This task's share of the memory for timers, less its key filters.
     pub fn timer_budget(&self) -> usize {
+        self.timer_share().saturating_sub(self.key_filter_bytes())
+    }
+
+    fn timer_share(&self) -> usize {
         self.shares.per_task(self.shares.timer_bytes)
+    }
+
+    fn key_filter_bytes(&self) -> usize {
+        self.key_filters
+            .iter()
+            .flatten()
+            .map(KeyFilter::bytes)
+            .sum()
+    }
+
+    /// Keeps a filter of `store`'s keys in memory from now on, which
+    /// answers reads of keys it does not hold without RocksDB
+    /// ([`super::key_filter`]); no-op if it has one. Reads every key of
+    /// the store. The task's key filters may take up to half its share of
+    /// the timers' memory; a filter that would not fit is not kept, and
+    /// the store is read as without one.
+    pub fn filter_keys(&mut self, store: StoreIndex) -> anyhow::Result<()> {
+        if self.key_filters[store].is_none() {
+            self.build_key_filter(store)?;
+        }
+        Ok(())
+    }
+
+    /// Builds `store`'s key filter from every key it holds, committed or not.
+    fn build_key_filter(&mut self, store: StoreIndex) -> anyhow::Result<()> {
+        self.finish_applying()?;
+        self.key_filters[store] = None;
+        let mut hashes = Vec::new();
+        let mut iterator = self.db.raw_iterator_cf(self.family(store));
+        iterator.seek_to_first();
+        while let Some(key) = iterator.key() {
+            hashes.push(KeyFilter::hash(key));
+            iterator.next();
+        }
+        iterator.status()?;
+        for (key, _) in self.overlay[store].iter().chain(self.sealed[store].iter()) {
+            hashes.push(KeyFilter::hash(key));
+        }
+        let room = (self.timer_share() / 2).saturating_sub(self.key_filter_bytes());
+        if KeyFilter::bytes_for(hashes.len()) > room {
+            tracing::debug!(
+                path = %self.path.display(),
+                store = %self.names[store],
+                keys = hashes.len(),
+                "no key filter: it would not fit in half the task's memory for timers"
+            );
+            return Ok(());
+        }
+        self.key_filters[store] = Some(KeyFilter::of(&hashes));
+        Ok(())
+    }
+
+    /// Notes in `store`'s key filter, if it has one, that `key` may now
+    /// have a value.
+    fn may_now_hold(&mut self, store: StoreIndex, key: &[u8]) {
+        if let Some(filter) = &mut self.key_filters[store] {
+            filter.insert(key);
+        }
     }
 
     /// The task's database, for the timers spilled into its
@@ -340,6 +406,11 @@ impl TaskStore {
         if let Some(cached) = self.cache.get(store, key) {
             return Ok(cached.as_deref().map(read));
         }
+        if let Some(filter) = &self.key_filters[store] {
+            if !filter.may_contain(key) {
+                return Ok(None);
+            }
+        }
         let value = self
             .db
             .get_pinned_cf(self.family(store), key)?
@@ -351,6 +422,7 @@ impl TaskStore {
 
     /// Sets `key` to `value` (uncommitted until sealed and applied).
     pub fn put(&mut self, store: StoreIndex, key: Vec<u8>, value: Vec<u8>) {
+        self.may_now_hold(store, &key);
         self.overlay[store].insert(key, Change::Put(value));
     }
 
@@ -400,6 +472,7 @@ impl TaskStore {
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
         if let Some(slot) = self.overlay[store].get_mut(key) {
+            let was_deleted = matches!(slot, Change::Deleted);
             // An error leaves the slot as it was.
             let mut value = match slot {
                 Change::Put(bytes) => Some(decode_value::<T>(bytes)?),
@@ -413,7 +486,11 @@ impl TaskStore {
                 },
             };
             let result = change(&mut value);
+            let holds = value.is_some();
             *slot = value.map_or(Change::Deleted, |value| Change::Decoded(Box::new(value)));
+            if was_deleted && holds {
+                self.may_now_hold(store, key);
+            }
             return Ok(result);
         }
         let mut value = if read_committed {
@@ -425,6 +502,9 @@ impl TaskStore {
         let result = change(&mut value);
         match value {
             Some(value) => {
+                if !existed {
+                    self.may_now_hold(store, key);
+                }
                 self.overlay[store].insert(key.to_vec(), Change::Decoded(Box::new(value)));
             }
             None if existed => {
@@ -721,6 +801,61 @@ pub(crate) mod tests {
         };
         assert_eq!(read(&mut store, b"committed"), Some(7));
         assert_eq!(read(&mut store, b"deleted"), Some(7));
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_key_filter_answers_reads_of_absent_keys_and_never_hides_a_present_one() {
+        let (mut store, dir) = temp_store(&["a"]);
+        let value = |n: u32| encode_value(&n).unwrap();
+        let commit = |store: &mut TaskStore, offset: i64| {
+            store.seal().unwrap();
+            store.apply_sealed(&[(0, offset)]).unwrap();
+            store.finish_applying().unwrap();
+            // Reads go past the read cache.
+            store.cache.clear();
+        };
+        let read = |store: &mut TaskStore, key: &[u8]| {
+            (store.read(0, key, |bytes| decode_value::<u32>(bytes).unwrap())).unwrap()
+        };
+        store.put(0, b"committed".to_vec(), value(1));
+        commit(&mut store, 1);
+        store.filter_keys(0).unwrap();
+        // A key written to RocksDB behind the filter's back is not read:
+        // the filter answers for it.
+        (store.db.put_cf(store.family(0), b"unknown", value(2))).unwrap();
+        assert_eq!(read(&mut store, b"unknown"), None);
+        assert_eq!(read(&mut store, b"committed"), Some(1));
+        // A value given by a put, an update, or an update after a delete
+        // is found, before the commit and after it.
+        store.put(0, b"put".to_vec(), value(3));
+        (store.update(0, b"updated", |slot: &mut Option<u32>| *slot = Some(4))).unwrap();
+        store.delete(0, b"revived".to_vec());
+        (store.update(0, b"revived", |slot: &mut Option<u32>| *slot = Some(5))).unwrap();
+        let found = [(&b"put"[..], 3), (b"updated", 4), (b"revived", 5)];
+        for (key, n) in found {
+            assert_eq!(read(&mut store, key), Some(n));
+        }
+        commit(&mut store, 2);
+        for (key, n) in found {
+            assert_eq!(read(&mut store, key), Some(n));
+        }
+        // A rolled-back write leaves its key behind, harmlessly.
+        store.put(0, b"rolled back".to_vec(), value(6));
+        store.discard_uncommitted().unwrap();
+        assert_eq!(read(&mut store, b"rolled back"), None);
+        // More keys than it was sized for: built again, from the store,
+        // which now finds the key written behind its back too.
+        for n in 0..40_000_u32 {
+            let key = format!("key {n}");
+            (store.update(0, key.as_bytes(), |slot: &mut Option<u32>| *slot = Some(n))).unwrap();
+            if n % 10_000 == 9_999 {
+                commit(&mut store, 3 + i64::from(n));
+            }
+        }
+        assert!((0..40_000_u32).all(|n| read(&mut store, format!("key {n}").as_bytes()) == Some(n)));
+        assert_eq!(read(&mut store, b"unknown"), Some(2));
         drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
