@@ -246,34 +246,40 @@ fn an_input_running_ahead_is_paused_and_nothing_is_lost() {
 /// the commits: the drain yields to each commit that falls due. Here the
 /// merge waits 10 s for shipments (none come), meanwhile all 20 000 orders
 /// are read (within the merge buffer's bound), then it takes them in one
-/// go; the per-task gauges, published at each commit, must show the orders'
-/// timers arriving over several commits, not all at once after the drain.
-/// Commits every 20 ms: on an idle machine the drain of 20 000 orders can
-/// take less than the default 100 ms, and then nothing is there to yield to.
+/// go; the per-task gauges, published after each commit, must show the
+/// buffered orders (one key each in the `orders` store, committed) arriving
+/// over several commits, not all at once after the drain. Commits every
+/// 20 ms: on an idle machine the drain of 20 000 orders can take less than
+/// the default 100 ms, and then nothing is there to yield to.
 #[test]
 fn a_long_drain_commits_as_it_goes() {
     const ORDERS: i32 = 20_000;
+    const BUFFERED: &str = "streams_state_keys{task=\"0\",store=\"orders\"}";
     let (topics, service) = orders_alone(ORDERS, "10s", &["--commit-interval", "20ms"]);
     service.wait_consumed(&topics.orders, ORDERS as usize, Duration::from_secs(60));
     assert_eq!(
-        service.metric("streams_timers_pending{task=\"0\"}"),
+        service.metric(BUFFERED),
         0.0,
         "the drain had begun before every order was read: the test proves nothing"
     );
 
-    // Looked at far more often than the 100 ms commits, so that no gauge a
-    // commit publishes during the drain goes unseen.
+    // Looked at far more often than the commits, so that no gauge published
+    // during the drain goes unseen.
     let mut seen = std::collections::BTreeSet::new();
     let done = eventually_every(Duration::from_millis(10), Duration::from_secs(120), || {
-        let pending = service.metric("streams_timers_pending{task=\"0\"}") as i32;
-        seen.insert(pending);
-        pending == ORDERS
+        let buffered = service.metric(BUFFERED) as i32;
+        seen.insert(buffered);
+        buffered == ORDERS
     });
-    assert!(done, "timers seen: {seen:?}; log:\n{}", service.log());
+    assert!(
+        done,
+        "buffered orders seen: {seen:?}; log:\n{}",
+        service.log()
+    );
     let partial: Vec<&i32> = seen.iter().filter(|&&n| 0 < n && n < ORDERS).collect();
     assert!(
         !partial.is_empty(),
-        "all {ORDERS} orders were taken in one commit (timers seen: {seen:?})"
+        "all {ORDERS} orders were taken in one commit (buffered orders seen: {seen:?})"
     );
 }
 

@@ -736,17 +736,22 @@ impl RandomRun {
         )
     }
 
-    /// Waits until the task has taken in the first side (a timer per id),
-    /// then produces the second.
+    /// Waits until the task has taken in the first side (all of it consumed,
+    /// then every order id of it buffered and committed: a key each in the
+    /// side's store), then produces the second.
     fn second_side(&self) {
-        let ids: BTreeSet<i32> = if self.orders_first {
-            self.orders.iter().map(|o| o.id).collect()
+        let (ids, topic, count, store): (BTreeSet<i32>, _, _, _) = if self.orders_first {
+            let ids = self.orders.iter().map(|o| o.id).collect();
+            (ids, &self.join.orders, self.orders.len(), "orders")
         } else {
-            self.shipments.iter().map(|s| s.order_id).collect()
+            let ids = self.shipments.iter().map(|s| s.order_id).collect();
+            (ids, &self.join.shipments, self.shipments.len(), "shipments")
         };
-        self.join
-            .run
-            .wait_metric("streams_timers_pending{task=\"0\"}", ids.len() as f64);
+        self.join.run.wait_consumed(topic, count);
+        self.join.run.wait_metric(
+            &format!("streams_state_keys{{task=\"0\",store=\"{store}\"}}"),
+            ids.len() as f64,
+        );
         if self.orders_first {
             self.join.produce_shipments(&self.shipments);
         } else {
