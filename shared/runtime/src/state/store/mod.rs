@@ -306,6 +306,13 @@ impl TaskStore {
     fn build_key_filter(&mut self, store: StoreIndex) -> anyhow::Result<()> {
         self.finish_applying()?;
         self.key_filters[store] = None;
+        let room = (self.timer_share() / 2).saturating_sub(self.key_filter_bytes());
+        let too_many = |keys: usize| KeyFilter::bytes_for(keys) > room;
+        // RocksDB's estimate spares the scan of a store far too large.
+        let estimate = usize::try_from(self.estimated_keys(store)).unwrap_or(usize::MAX);
+        if too_many(estimate / 2) {
+            return self.no_key_filter(store, estimate);
+        }
         let mut hashes = Vec::new();
         let mut iterator = self.db.raw_iterator_cf(self.family(store));
         iterator.seek_to_first();
@@ -317,17 +324,20 @@ impl TaskStore {
         for (key, _) in self.overlay[store].iter().chain(self.sealed[store].iter()) {
             hashes.push(KeyFilter::hash(key));
         }
-        let room = (self.timer_share() / 2).saturating_sub(self.key_filter_bytes());
-        if KeyFilter::bytes_for(hashes.len()) > room {
-            tracing::debug!(
-                path = %self.path.display(),
-                store = %self.names[store],
-                keys = hashes.len(),
-                "no key filter: it would not fit in half the task's memory for timers"
-            );
-            return Ok(());
+        if too_many(hashes.len()) {
+            return self.no_key_filter(store, hashes.len());
         }
         self.key_filters[store] = Some(KeyFilter::of(&hashes));
+        Ok(())
+    }
+
+    fn no_key_filter(&self, store: StoreIndex, keys: usize) -> anyhow::Result<()> {
+        tracing::debug!(
+            path = %self.path.display(),
+            store = %self.names[store],
+            keys,
+            "no key filter: it would not fit in half the task's memory for timers"
+        );
         Ok(())
     }
 
@@ -856,6 +866,26 @@ pub(crate) mod tests {
         }
         assert!((0..40_000_u32).all(|n| read(&mut store, format!("key {n}").as_bytes()) == Some(n)));
         assert_eq!(read(&mut store, b"unknown"), Some(2));
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_key_filter_that_would_not_fit_in_memory_is_not_kept() {
+        // 64 KiB in all: 12 KiB for timers, too little for the smallest filter.
+        let (mut store, dir) = temp_store_with(&["a"], &StateResources::new(64 << 10, 1));
+        store.filter_keys(0).unwrap();
+        assert!(store.key_filters[0].is_none());
+        let timers = store.timer_budget();
+        (store
+            .db
+            .put_cf(store.family(0), b"behind", encode_value(&1_u32).unwrap()))
+        .unwrap();
+        let read = store.read(0, b"behind", |bytes| decode_value::<u32>(bytes).unwrap());
+        assert_eq!(read.unwrap(), Some(1));
+        // Nothing was taken from the timers' share.
+        assert_eq!(store.timer_budget(), timers);
+        assert_eq!(timers, store.timer_share());
         drop(store);
         std::fs::remove_dir_all(dir).unwrap();
     }
