@@ -62,8 +62,8 @@ impl<V> Layer<V> {
         }
     }
 
-    /// Keeps only the entries `keep` says to keep.
-    pub fn retain(&mut self, mut keep: impl FnMut(&[u8], &V) -> bool) {
+    /// Keeps only the entries `keep` says to keep, which may change them.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8], &mut V) -> bool) {
         match self {
             Layer::Hashed(map) => map.retain(|key, value| keep(key, value)),
             Layer::Sorted(map) => map.retain(|key, value| keep(key, value)),
@@ -103,13 +103,6 @@ impl<V> Layer<V> {
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
         }
         entries
-    }
-
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        match self {
-            Layer::Hashed(map) => one_of(Some(map.values_mut()), None),
-            Layer::Sorted(map) => one_of(None, Some(map.values_mut())),
-        }
     }
 
     /// Takes every entry out, leaving the layer empty (a hashed one with

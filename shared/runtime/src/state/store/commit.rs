@@ -26,7 +26,8 @@ impl TaskStore {
     /// [`Self::apply_sealed`] or discarded.
     ///
     /// Values kept decoded are encoded here, once; should one fail, the
-    /// overlay stays as it is (some values encoded, which reads the same).
+    /// overlay stays as it is (some values encoded and some deletions of
+    /// keys that have no committed value dropped, which reads the same).
     pub fn seal(&mut self) -> anyhow::Result<()> {
         // The last commit's write has had a commit interval; its layers go
         // now, so that at most two commits' changes are held at a time.
@@ -54,18 +55,29 @@ impl TaskStore {
             // so where the read cache does not know, the store's key filter
             // or RocksDB's bloom filters answer: committed state is all in
             // RocksDB by now.
+            //
+            // One pass over the overlay, which also encodes the values kept
+            // decoded: a pass costs a memory access per entry.
             let family = family(db, &names[store]);
             let filter = filters[store].as_ref();
-            overlay.retain(|key, change| {
-                !(matches!(change, Change::Deleted)
-                    && (cache.knows_absent(store, key)
+            let mut failed = None;
+            overlay.retain(|key, change| match change {
+                Change::Deleted => {
+                    !(cache.knows_absent(store, key)
                         || filter.is_some_and(|filter| !filter.may_contain(key))
-                        || !db.key_may_exist_cf(family, key)))
-            });
-            for change in overlay.values_mut() {
-                if let Change::Decoded(value) = change {
-                    *change = Change::Put(value.encode()?);
+                        || !db.key_may_exist_cf(family, key))
                 }
+                Change::Decoded(value) if failed.is_none() => {
+                    match value.encode() {
+                        Ok(bytes) => *change = Change::Put(bytes),
+                        Err(error) => failed = Some(error),
+                    }
+                    true
+                }
+                Change::Decoded(_) | Change::Put(_) => true,
+            });
+            if let Some(error) = failed {
+                return Err(error);
             }
         }
         // The emptied layers of the last write, capacity and all, take the
