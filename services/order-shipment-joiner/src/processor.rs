@@ -183,7 +183,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Side<T> {
 pub struct IntervalJoin {
     /// Join window in milliseconds.
     window: i64,
-    /// How far the watermark moves between two sweeps of orders, and of shipments.
+    /// How far the watermark moves between two sweeps of a side; this and
+    /// the next are indexed by the side's [`Sweep`] (orders, shipments).
     sweep_every: [i64; 2],
     /// Per side, where its sweep goes on (the last order id swept), while
     /// one is under way. Kept in memory only: a task that reopens starts
