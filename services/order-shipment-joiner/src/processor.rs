@@ -159,21 +159,19 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Side<T> {
                 let Some(records) = buffered else {
                     return 0;
                 };
-                let mut dropped = 0;
+                let mut dropped = 0_u64;
                 while let Some(entry) = records.first_entry() {
                     if expiry(*entry.key()) > watermark {
                         break;
                     }
-                    dropped += entry.remove().len();
+                    dropped += entry.remove().len() as u64;
                 }
                 if records.is_empty() {
                     *buffered = None;
                 }
                 dropped
             })?;
-            for _ in 0..dropped {
-                ctx.increment(self.expired);
-            }
+            ctx.add(self.expired, dropped);
         }
         Ok(page.next)
     }

@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use super::Engine;
-use crate::clock::Clock;
 use crate::collector::{Collector, Headers};
 use crate::processor::Processor;
 use crate::task::{Outcome, Pending, Task, TaskEnv};
@@ -36,9 +35,9 @@ pub(crate) type Flush<'a> = &'a mut dyn FnMut(&mut Collector);
 /// all reach the producer only at the end, the first ones ~0.2 s late.
 pub(super) const FLUSH_EVERY: usize = 256;
 
-/// Whether `interval` has passed on `clock` since `since`.
-fn interval_passed(clock: &Clock, since: Instant, interval: Duration) -> bool {
-    clock.now().instant.saturating_duration_since(since) >= interval
+/// Whether `interval` has passed between `since` and `now`.
+fn interval_passed(now: Instant, since: Instant, interval: Duration) -> bool {
+    now.saturating_duration_since(since) >= interval
 }
 
 impl<P: Processor> Engine<P> {
@@ -64,7 +63,8 @@ impl<P: Processor> Engine<P> {
             self.jobs_in_flight() - self.tasks.get(&partition).map_or(0, Task::jobs_in_flight);
         // One clock reading serves the drain: this runs once per record.
         let now = self.clock.now();
-        let commit_due = self.yields_to_commits && self.commit_due_at(now.instant);
+        let commit_due = self.yields_to_commits
+            && interval_passed(now.instant, self.last_commit, self.settings.commit_interval);
         let Some(task) = self.tasks.get_mut(&partition) else {
             return Ok(());
         };
@@ -82,7 +82,11 @@ impl<P: Processor> Engine<P> {
             let last_before_commit = handled.is_multiple_of(FLUSH_EVERY) && {
                 flush(env.collector);
                 self.yields_to_commits
-                    && interval_passed(&self.clock, self.last_commit, self.settings.commit_interval)
+                    && interval_passed(
+                        self.clock.now().instant,
+                        self.last_commit,
+                        self.settings.commit_interval,
+                    )
             };
             let origin = entry.origin();
             match entry {
@@ -195,10 +199,10 @@ impl<P: Processor> Engine<P> {
 
     /// Whether the commit interval has passed since the last commit ended.
     pub fn commit_due(&self) -> bool {
-        self.commit_due_at(self.clock.now().instant)
-    }
-
-    fn commit_due_at(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.last_commit) >= self.settings.commit_interval
+        interval_passed(
+            self.clock.now().instant,
+            self.last_commit,
+            self.settings.commit_interval,
+        )
     }
 }

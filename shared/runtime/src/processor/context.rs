@@ -96,7 +96,12 @@ impl<P: Processor> Context<'_, P> {
 
     /// Adds one to the processor's `counter` (exported as a metric).
     pub fn increment(&mut self, counter: impl CounterName) {
-        *self.counters.entry(counter.name()).or_default() += 1;
+        self.add(counter, 1);
+    }
+
+    /// Adds `count` to the processor's `counter`.
+    pub fn add(&mut self, counter: impl CounterName, count: u64) {
+        *self.counters.entry(counter.name()).or_default() += count;
     }
 
     fn index(&self, name: &str) -> StoreIndex {
@@ -216,7 +221,7 @@ impl<P: Processor> Context<'_, P> {
                     entries.push((std::str::from_utf8(key)?.to_owned(), decode_value(value)?));
                     Ok(())
                 })?;
-        let next = last.and(entries.last().map(|(key, _)| key.clone()));
+        let next = last.map(String::from_utf8).transpose()?;
         Ok(StatePage { entries, next })
     }
 
